@@ -1,0 +1,33 @@
+"""Errors the ledger raises; each carries the id it is about, so callers can name it."""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base of every error raised by a `Ledger`."""
+
+
+class LedgerLocked(LedgerError):
+    """Another process holds this ledger (two gateways must never open one SQLite file)."""
+
+
+class LedgerUnavailable(LedgerError):
+    """A write could not be committed (disk full, I/O error, closed ledger): nothing was stored."""
+
+
+class RolloutNotFound(LedgerError):
+    """No rollout has this id."""
+
+    def __init__(self, rollout_id: str) -> None:
+        super().__init__(f"Rollout not found: {rollout_id}")
+        self.rollout_id = rollout_id
+
+
+class InvalidTransition(LedgerError):
+    """The state machine forbids this move (e.g. out of a terminal state)."""
+
+    def __init__(self, rollout_id: str, current: str, target: str) -> None:
+        super().__init__(f"Rollout {rollout_id}: cannot transition {current} -> {target}")
+        self.rollout_id = rollout_id
+        self.current = current
+        self.target = target

@@ -1,0 +1,201 @@
+"""Wire models of the gateway's HTTP protocol (see PROTOCOL.md), shared by every component.
+
+Field names, defaults and state rules follow Agent Lightning v1.0 exactly; what keraunos adds is
+optional. This module holds data shapes and the pure rules over them, nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+#: Rollout and attempt ids: safe in URLs, file names and Kubernetes labels.
+ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+ID_RE = re.compile(ID_PATTERN)
+Id = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+
+#: Attempt id used by v1.0 clients that never set `last_attempt_id`.
+DEFAULT_ATTEMPT_ID = "0"
+
+
+def is_valid_id(value: str) -> bool:
+    """Whether `value` is an acceptable rollout or attempt id."""
+    return ID_RE.fullmatch(value) is not None
+
+
+class RolloutState(StrEnum):
+    """Where a rollout is in its life; `succeeded` and `failed` are final."""
+
+    QUEUING = "queuing"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+TERMINAL_STATES: frozenset[RolloutState] = frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED})
+
+VALID_TRANSITIONS: dict[RolloutState, frozenset[RolloutState]] = {
+    RolloutState.QUEUING: frozenset({RolloutState.RUNNING, RolloutState.FAILED}),
+    RolloutState.RUNNING: frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED}),
+    RolloutState.SUCCEEDED: frozenset(),
+    RolloutState.FAILED: frozenset(),
+}
+
+
+def can_transition(current: RolloutState, target: RolloutState) -> bool:
+    """The server-enforced state machine: may a rollout in `current` move to `target`?"""
+    return target in VALID_TRANSITIONS[current]
+
+
+class _Strict(BaseModel):
+    """A request model that rejects unknown keys, so a typo is an error and not a silent no-op."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalConfig(_Strict):
+    """How the local runner starts the agent: a Python class or a command line."""
+
+    agent_class: str | None = None
+    env_map: dict[str, str] = Field(default_factory=dict)
+    command: list[str] | None = None
+
+
+class K8sConfig(_Strict):
+    """How the Kubernetes runner starts the agent: one Job rendered from a Jinja2 template."""
+
+    job_template: str | None = None
+
+
+class RolloutConfig(_Strict):
+    """Controller-facing settings of one rollout."""
+
+    timeout_seconds: int = Field(default=3600, ge=1)
+    local: LocalConfig | None = None
+    k8s: K8sConfig | None = None
+    max_attempts: int | None = Field(default=None, ge=1)
+    retry_backoff_seconds: float | None = Field(default=None, ge=0)
+
+
+class RolloutMetadata(BaseModel):
+    """Trainer-facing context of a rollout; unknown keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    batch_idx: int | None = None
+    sample_idx_in_batch: int | None = None
+
+
+class RolloutCreate(_Strict):
+    """One item of `POST /api/rollouts`. A caller-chosen `rollout_id` makes creation idempotent."""
+
+    input: Any
+    is_train: bool = True
+    config: RolloutConfig | None = None
+    metadata: RolloutMetadata | None = None
+    rollout_id: Id | None = None
+
+
+class RolloutStatus(BaseModel):
+    """The lifecycle part of a rollout, owned by the controller."""
+
+    state: RolloutState = RolloutState.QUEUING
+    k8s_job_name: str | None = None
+    last_attempt_id: str | None = None
+    error_message: str | None = None
+    version: int = 1
+    created_at: float
+    updated_at: float
+
+
+class RolloutStatusPatch(_Strict):
+    """The fields `PATCH /api/rollouts/{id}` may change; an omitted field stays as it is."""
+
+    state: RolloutState | None = None
+    k8s_job_name: str | None = None
+    last_attempt_id: Id | None = None
+    error_message: str | None = None
+
+
+class RolloutPatch(_Strict):
+    """Body of `PATCH /api/rollouts/{id}`: only the nested status can be patched."""
+
+    status: RolloutStatusPatch | None = None
+
+
+class Rollout(BaseModel):
+    """A unit of work: one run of an agent on one input."""
+
+    rollout_id: str
+    input: Any = None
+    is_train: bool = True
+    config: RolloutConfig
+    metadata: RolloutMetadata = Field(default_factory=RolloutMetadata)
+    status: RolloutStatus
+
+
+class RolloutDetail(BaseModel):
+    """Body of `GET /api/rollouts/{id}`."""
+
+    rollout: Rollout
+    attempts: list[str]
+
+
+class TerminalItem(BaseModel):
+    """A terminal rollout as the terminal cursor lists it (no input or config payload)."""
+
+    rollout_id: str
+    state: RolloutState
+    data_id: str
+    is_train: bool
+
+
+class TerminalPage(BaseModel):
+    """One page of the terminal cursor; pass `next_after` back to continue."""
+
+    items: list[TerminalItem]
+    next_after: int
+    total_terminal: int
+
+
+def data_id_of(rollout_input: Any) -> str:
+    """The group key v1.0 derives from a rollout's input: `data_id`, else `instance_id`, else ""."""
+    if isinstance(rollout_input, dict):
+        return str(rollout_input.get("data_id") or rollout_input.get("instance_id") or "")
+    return ""
+
+
+class EventCreate(BaseModel):
+    """Body of `POST .../attempt/{a}/events`."""
+
+    event_type: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Event(BaseModel):
+    """An append-only record of something that happened during an attempt."""
+
+    event_type: str
+    rollout_id: str
+    attempt_id: str
+    timestamp: float
+    data: dict[str, Any]
+
+
+class Model(BaseModel):
+    """A model inference endpoint (an OpenAI base URL including `/v1`), keyed by (model, endpoint)."""
+
+    model: str
+    endpoint: str
+    version: int = 0
+
+
+class ServerInfo(BaseModel):
+    """Body of `GET /api/info`: tells a client which keraunos extensions this server has."""
+
+    name: str = "keraunos"
+    version: str
+    features: list[str]
