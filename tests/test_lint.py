@@ -1,0 +1,41 @@
+"""The code base stays clean: ruff (lint and format) and pyright pass, as STYLE.md asks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(name: str) -> str:
+    found = Path(sys.executable).with_name(name)
+    if found.exists():
+        return str(found)
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: install the project with its 'dev' extra")
+    return path
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_ruff_lint_passes() -> None:
+    result = _run(_tool("ruff"), "check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_is_applied() -> None:
+    result = _run(_tool("ruff"), "format", "--check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pyright_passes() -> None:
+    result = _run(_tool("pyright"), "keraunos")
+    assert result.returncode == 0, result.stdout + result.stderr
