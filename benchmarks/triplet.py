@@ -57,7 +57,12 @@ def model_request_event(rng: random.Random, prompt_ids: list[int], messages: lis
     ids = [rng.randrange(100, 150_000) for _ in range(n_resp)]
     texts = [f" w{t}" for t in ids]
     content = [
-        {"token": t, "logprob": -round(rng.expovariate(2.0) + 1e-6, 6), "bytes": list(t.encode()), "top_logprobs": []}
+        {
+            "token": t,
+            "logprob": -round(rng.expovariate(2.0) + 1e-6, 6),
+            "bytes": list(t.encode()),
+            "top_logprobs": [],
+        }
         for t in texts
     ]
     response = {
@@ -143,11 +148,15 @@ def run_once(cmd_template: str, args: argparse.Namespace) -> RunResult:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = cmd_template.format(host=host, port=port, key=key, model="policy", tmp=tmp)
         argv = ["taskset", "-c", args.server_cpus, *shlex.split(cmd)]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             wait_healthy(host, port, proc)
             conn = http.client.HTTPConnection(host, port, timeout=600)
-            populate_s = populate(conn, key, "trip", args.calls, args.initial, args.response, args.observation)
+            populate_s = populate(
+                conn, key, "trip", args.calls, args.initial, args.response, args.observation
+            )
             times, size = [], 0
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
@@ -167,8 +176,12 @@ def run_once(cmd_template: str, args: argparse.Namespace) -> RunResult:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server", action="append", required=True, help="LABEL=COMMAND ({host} {port} {key} {tmp})")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--server", action="append", required=True, help="LABEL=COMMAND ({host} {port} {key} {tmp})"
+    )
     parser.add_argument("--calls", type=int, default=500, help="model_request events in the rollout")
     parser.add_argument("--initial", type=int, default=1024, help="prompt ids of the first call")
     parser.add_argument("--response", type=int, default=128, help="response ids per call")
