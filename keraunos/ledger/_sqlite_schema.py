@@ -1,0 +1,99 @@
+"""Schema of the SQLite ledger as numbered migration steps, applied in order on open.
+
+`PRAGMA user_version` records how many steps a file has seen. A step is never edited once it has
+shipped: a schema change is a new step appended to `MIGRATIONS`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from keraunos.ledger.errors import LedgerError
+
+#: Step N (1-based) brings a file from user_version N-1 to N. Each runs in its own transaction.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: rollouts, events, model endpoints and the terminal-cursor counter.
+    """
+    CREATE TABLE rollouts (
+        id              INTEGER PRIMARY KEY,      -- internal key, creation order
+        rollout_id      TEXT NOT NULL UNIQUE,
+        state           TEXT NOT NULL,
+        is_train        INTEGER NOT NULL,
+        input           BLOB NOT NULL,            -- {"input": input} as codec JSON (encode_json)
+        config          BLOB NOT NULL,            -- RolloutConfig as codec JSON
+        metadata        BLOB NOT NULL,            -- RolloutMetadata as codec JSON
+        data_id         TEXT NOT NULL,            -- data_id_of(input), for the terminal cursor
+        k8s_job_name    TEXT,
+        last_attempt_id TEXT,
+        error_message   TEXT,
+        version         INTEGER NOT NULL,
+        created_at      REAL NOT NULL,
+        updated_at      REAL NOT NULL,
+        terminal_pos    INTEGER                   -- position in the terminal cursor, once terminal
+    );
+    CREATE INDEX rollouts_by_state ON rollouts (state, id);
+    CREATE UNIQUE INDEX rollouts_by_terminal_pos ON rollouts (terminal_pos)
+        WHERE terminal_pos IS NOT NULL;
+
+    CREATE TABLE events (
+        id          INTEGER PRIMARY KEY,          -- arrival order
+        rollout     INTEGER NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        attempt_id  TEXT NOT NULL,
+        event_type  TEXT NOT NULL,
+        timestamp   REAL NOT NULL,
+        data        BLOB NOT NULL                 -- keraunos.ledger._codec encoding
+    );
+    CREATE INDEX events_by_attempt ON events (rollout, attempt_id, id);
+
+    CREATE TABLE models (
+        id        INTEGER PRIMARY KEY,            -- registration order
+        model     TEXT NOT NULL,
+        endpoint  TEXT NOT NULL,
+        version   INTEGER NOT NULL,
+        UNIQUE (model, endpoint)
+    );
+
+    -- Counters that must survive the rows they count (a deleted rollout keeps its position).
+    CREATE TABLE counters (
+        name  TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO counters (name, value) VALUES ('terminal_positions', 0);
+
+    -- A rollout that takes the next terminal position counts it in the same statement, so the
+    -- position and the count can never disagree.
+    CREATE TRIGGER rollouts_count_terminal_position
+    AFTER UPDATE OF terminal_pos ON rollouts
+    WHEN OLD.terminal_pos IS NULL AND NEW.terminal_pos IS NOT NULL
+    BEGIN
+        UPDATE counters SET value = value + 1 WHERE name = 'terminal_positions';
+    END;
+    """,
+)
+
+LATEST_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> int:
+    """Bring the database on `conn` to `LATEST_VERSION`; returns the version it was at.
+
+    `conn` must be in autocommit mode (`isolation_level=None`) and hold the ledger's file lock, so
+    no other process migrates at the same time. A file newer than this code is refused rather than
+    written to with a schema it does not understand.
+    """
+    (found,) = conn.execute("PRAGMA user_version").fetchone()
+    if found > LATEST_VERSION:
+        raise LedgerError(
+            f"ledger {path} has schema version {found}, but this keraunos only knows up to "
+            f"{LATEST_VERSION}; upgrade keraunos or pass a different --db"
+        )
+    for version in range(found + 1, LATEST_VERSION + 1):
+        script = MIGRATIONS[version - 1]
+        try:
+            # One script = one transaction: either the whole step lands with its version, or nothing.
+            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {version};\nCOMMIT;")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise LedgerError(f"ledger {path}: schema migration {version} failed: {exc}") from exc
+    return found

@@ -1,0 +1,204 @@
+"""Group commit: one thread owns the SQLite write connection and commits many writes at once.
+
+Coroutines submit an operation (a function of the connection) and await a future. The writer thread
+takes everything pending (up to `max_batch`), runs each operation inside its own SAVEPOINT, so one
+that fails (an invalid transition, an unknown rollout) is undone alone, then COMMITs once and
+resolves the whole batch with a single `call_soon_threadsafe`. A future resolves only after COMMIT
+returned: what a caller sees acknowledged is on disk (as durable as the connection's `synchronous`
+setting makes it). When BEGIN or COMMIT fails, nothing of the batch was stored, and every operation
+in it fails with `LedgerUnavailable`; the next batch starts afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import structlog
+
+from keraunos.ledger.errors import LedgerError, LedgerUnavailable
+
+T = TypeVar("T")
+
+#: An operation run in the writer thread inside the batch's transaction.
+Operation = Callable[[sqlite3.Connection], Any]
+
+#: (operation, its future, whether it runs inside its own SAVEPOINT), as queued.
+_Queued = tuple[Operation, "asyncio.Future[Any]", bool]
+
+#: (future, result, exception) of one operation, resolved on the future's event loop.
+_Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+_STOP = object()
+
+log = structlog.get_logger(__name__)
+
+
+class GroupCommitWriter:
+    """The single writer of one SQLite file. Start it with `start()`, end it with `stop()`."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        path: str,
+        max_batch: int,
+        on_abort: Callable[[], None],
+    ) -> None:
+        # `conn` must be in autocommit mode (isolation_level=None): the writer issues BEGIN/COMMIT.
+        self._conn = conn
+        self._path = path
+        self._max_batch = max(1, max_batch)
+        self._on_abort = on_abort
+        self._queue: queue.SimpleQueue[tuple[Any, asyncio.Future[Any], bool]] = queue.SimpleQueue()
+        self._open_gate = threading.Event()
+        self._open_gate.set()
+        self._thread = threading.Thread(target=self._run, name=f"ledger-writer:{path}", daemon=True)
+        self._closed = False
+        #: Operations handed to `submit` so far (event-loop side; tests wait on it).
+        self.submitted = 0
+        #: Transactions committed and operations they carried (writer side; for tests and metrics).
+        self.batches_committed = 0
+        self.ops_committed = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> asyncio.Future[T]:
+        """Queue `op` for the next batch; the returned future resolves after its COMMIT.
+
+        `savepoint=False` is for an operation that writes with one statement at most: SQLite undoes
+        a failed statement by itself, so the SAVEPOINT around it (~4 us) would buy nothing.
+        """
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        if self._closed:
+            fut.set_exception(LedgerUnavailable(f"ledger {self._path} is closed"))
+            return fut
+        self.submitted += 1
+        self._queue.put((op, fut, savepoint))
+        return fut
+
+    async def stop(self) -> None:
+        """Commit what is queued, then end the thread and close the write connection."""
+        if self._closed:
+            return
+        self._closed = True
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put((_STOP, done, False))
+        await done
+        self._thread.join()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Keep the writer from starting a batch until the block exits (tests use it to build one
+        batch out of many operations deterministically)."""
+        self._open_gate.clear()
+        try:
+            yield
+        finally:
+            self._open_gate.set()
+
+    # -- writer thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        stop: asyncio.Future[None] | None = None
+        while stop is None:
+            first = get()
+            self._open_gate.wait()
+            batch = [first]
+            while len(batch) < self._max_batch:
+                try:
+                    batch.append(get_nowait())
+                except queue.Empty:
+                    break
+            ops: list[_Queued] = []
+            for queued in batch:
+                if queued[0] is _STOP:
+                    stop = queued[1]
+                else:
+                    ops.append(queued)
+            if ops:
+                self._resolve(self._run_batch(ops))
+        # `stop()` set the closed flag before queueing _STOP, so nothing can follow it.
+        try:
+            self._conn.close()
+        finally:
+            self._resolve([(stop, None, None)])
+
+    def _run_batch(self, ops: list[_Queued]) -> list[_Outcome]:
+        conn = self._conn
+        outcomes: list[_Outcome] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, fut, savepoint in ops:
+                if savepoint:
+                    conn.execute("SAVEPOINT op")
+                try:
+                    value = op(conn)
+                except Exception as exc:
+                    if not conn.in_transaction:
+                        # SQLite rolled the whole transaction back (I/O error, disk full, ...).
+                        raise
+                    if savepoint:
+                        conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+                    outcomes.append((fut, None, self._op_error(exc)))
+                else:
+                    if savepoint:
+                        conn.execute("RELEASE op")
+                    outcomes.append((fut, value, None))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            return self._abort(ops, exc)
+        self.batches_committed += 1
+        self.ops_committed += len(ops)
+        return outcomes
+
+    def _op_error(self, exc: Exception) -> BaseException:
+        """What the caller of a failed operation sees: our own errors as they are, a storage error
+        as `LedgerUnavailable`, anything else (a bug, unserialisable data) unchanged."""
+        if isinstance(exc, sqlite3.Error) and not isinstance(exc, LedgerError):
+            err = LedgerUnavailable(f"ledger {self._path}: write failed: {exc}")
+            err.__cause__ = exc
+            return err
+        return exc
+
+    def _abort(self, ops: list[_Queued], exc: Exception) -> list[_Outcome]:
+        """The batch's transaction is lost: roll back, forget derived state, fail every operation."""
+        log.error("ledger commit failed", path=self._path, batch=len(ops), error=repr(exc))
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+        self._on_abort()
+        outcomes: list[_Outcome] = []
+        for _, fut, _ in ops:
+            err = LedgerUnavailable(f"ledger {self._path}: could not commit, nothing was stored: {exc}")
+            err.__cause__ = exc
+            outcomes.append((fut, None, err))
+        return outcomes
+
+    @staticmethod
+    def _resolve(outcomes: list[_Outcome]) -> None:
+        """Hand outcomes to their event loops: one thread-safe call per loop per batch."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        for outcome in outcomes:
+            by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_settle, items)
+
+
+def _settle(outcomes: list[_Outcome]) -> None:
+    for fut, value, exc in outcomes:
+        if fut.done():  # its caller was cancelled; the write itself stands
+            continue
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)

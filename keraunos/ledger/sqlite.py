@@ -1,0 +1,531 @@
+"""The SQLite ledger: one file in WAL mode, one writer thread with group commit, reader threads.
+
+Writes go through `GroupCommitWriter` (`_sqlite_writer.py`): concurrent requests share one
+transaction, and a call returns only after that transaction committed. Reads use their own
+read-only connections, which WAL never blocks behind the writer. A sidecar lock file keeps a second
+gateway off the same file (`_sqlite_lock.py`); the schema is migrated on open (`_sqlite_schema.py`).
+
+Durability: `normal` is WAL with `synchronous=NORMAL` -- a committed write survives `kill -9` of the
+process (the WAL is in the OS page cache), not a power loss. `full` is `synchronous=FULL`: the WAL is
+fsynced on every commit, so it also survives power loss, at the cost of one fsync per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import operator
+import os
+import secrets
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from keraunos.ledger._codec import decode_json, encode_json, encode_model_request
+from keraunos.ledger._sqlite_events import (
+    MODEL_REQUEST,
+    ContextCache,
+    EventRow,
+    decode_events,
+    decode_triplet_events,
+)
+from keraunos.ledger._sqlite_lock import FileLock
+from keraunos.ledger._sqlite_schema import migrate
+from keraunos.ledger._sqlite_writer import GroupCommitWriter
+from keraunos.ledger.base import EventDict, Ledger
+from keraunos.ledger.errors import (
+    InvalidTransition,
+    LedgerError,
+    LedgerUnavailable,
+    RolloutNotFound,
+)
+from keraunos.protocol import (
+    TERMINAL_STATES,
+    Model,
+    Rollout,
+    RolloutConfig,
+    RolloutCreate,
+    RolloutMetadata,
+    RolloutState,
+    RolloutStatus,
+    RolloutStatusPatch,
+    TerminalItem,
+    TerminalPage,
+    can_transition,
+    data_id_of,
+)
+
+Durability = Literal["normal", "full"]
+
+T = TypeVar("T")
+
+_BUSY_TIMEOUT_MS = 10_000
+
+_ROLLOUT_COLUMNS = (
+    "rollout_id, input, is_train, config, metadata, state, k8s_job_name, last_attempt_id, "
+    "error_message, version, created_at, updated_at"
+)
+_SELECT_ROLLOUT = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?"
+_SELECT_ROLLOUTS_IN_STATE = f"SELECT id, {_ROLLOUT_COLUMNS} FROM rollouts WHERE state = ? ORDER BY id LIMIT ?"
+_INSERT_ROLLOUT = (
+    "INSERT INTO rollouts (rollout_id, input, is_train, config, metadata, data_id, state, version, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'queuing', 1, ?, ?) "
+    "ON CONFLICT (rollout_id) DO NOTHING"
+)
+_CURRENT_TERMINAL_POSITION = "SELECT value FROM counters WHERE name = 'terminal_positions'"
+_INSERT_EVENT = (
+    "INSERT INTO events (rollout, attempt_id, event_type, timestamp, data) "
+    "SELECT id, ?, ?, ?, ? FROM rollouts WHERE rollout_id = ?"
+)
+_SELECT_EVENTS = (
+    "SELECT event_type, timestamp, data FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ? ORDER BY id"
+)
+_SELECT_EVENTS_OF_TYPE = (
+    "SELECT event_type, timestamp, data FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ? "
+    "AND event_type = ? ORDER BY id"
+)
+
+_DEFAULT_CONFIG_JSON = encode_json(RolloutConfig().model_dump())
+
+#: Status fields a patch may set besides `state`.
+_PATCHABLE = ("k8s_job_name", "last_attempt_id", "error_message")
+
+
+class SqliteLedger(Ledger):
+    """A `Ledger` in one SQLite file (WAL). Only one `SqliteLedger` may have a file open at a time.
+
+    `durability` picks what an acknowledged write survives (see the module docstring); `max_batch`
+    caps how many writes share one transaction; `context_cache_size` is how many attempts the writer
+    remembers the last model call of, to store the next call as a delta; `read_threads` is the size
+    of the pool that runs heavy reads off the event loop.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "normal",
+        max_batch: int = 512,
+        context_cache_size: int = 4096,
+        read_threads: int = 2,
+    ) -> None:
+        if durability not in ("normal", "full"):
+            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+        self.path = os.path.abspath(os.fspath(path))
+        self.durability: Durability = durability
+        self._max_batch = max_batch
+        self._read_threads = max(1, read_threads)
+        self._contexts = ContextCache(context_cache_size)
+        self._lock = FileLock(self.path)
+        self._writer: GroupCommitWriter | None = None
+        self._inline: sqlite3.Connection | None = None
+        self._readers: ThreadPoolExecutor | None = None
+        self._reader_local = threading.local()
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_conns_lock = threading.Lock()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            raise LedgerError(f"ledger {self.path} is already open")
+        self._lock.acquire()
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._connect_writer()
+            migrate(conn, self.path)
+            self._inline = self._connect_reader()
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            self._lock.release()
+            if isinstance(exc, sqlite3.Error):  # e.g. "file is not a database"
+                raise LedgerError(f"ledger {self.path}: cannot open the database: {exc}") from exc
+            raise
+        self._contexts.clear()
+        self._readers = ThreadPoolExecutor(
+            self._read_threads, thread_name_prefix="ledger-reader", initializer=self._start_reader
+        )
+        self._writer = GroupCommitWriter(
+            conn, path=self.path, max_batch=self._max_batch, on_abort=self._contexts.clear
+        )
+        self._writer.start()
+
+    async def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        readers, self._readers = self._readers, None
+        inline, self._inline = self._inline, None
+        try:
+            # Readers first, so that the writer's connection is the last on the file: closing it
+            # checkpoints the WAL into the database file and removes it.
+            if readers is not None:
+                await asyncio.to_thread(readers.shutdown, True)
+            with self._reader_conns_lock:
+                for conn in self._reader_conns:
+                    conn.close()
+                self._reader_conns.clear()
+            if inline is not None:
+                inline.close()
+            await writer.stop()
+        finally:
+            self._lock.release()
+
+    def _connect_writer(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            if mode != "wal":
+                raise LedgerError(f"ledger {self.path}: the file system does not support WAL mode")
+            synchronous = "FULL" if self.durability == "full" else "NORMAL"
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA cache_size = -32768")  # KiB: index pages of busy tables stay hot
+            conn.execute("PRAGMA journal_size_limit = 67108864")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _connect_reader(self) -> sqlite3.Connection:
+        uri = Path(self.path).as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        return conn
+
+    def _start_reader(self) -> None:
+        conn = self._connect_reader()
+        self._reader_local.conn = conn
+        with self._reader_conns_lock:
+            self._reader_conns.append(conn)
+
+    def _write(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> asyncio.Future[T]:
+        if self._writer is None:
+            raise LedgerUnavailable(f"ledger {self.path} is not open")
+        return self._writer.submit(op, savepoint=savepoint)
+
+    # Which reads run where, by measurement (benchmarks/ledger.py, one core): a point read such as
+    # get_rollout costs ~25 us of CPU on the event loop's own connection, but ~150 us when handed to
+    # a reader thread (executor future, two thread wake-ups, GIL hand-offs). So point reads of one
+    # row or a few small ones run inline; reads whose size the caller does not bound tightly (events,
+    # triplets, lists of rollouts, terminal pages) go to the pool, so that a large one never stalls
+    # every other request on the loop. WAL readers never wait for the writer either way.
+
+    async def _read(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `op` on a reader thread's own connection, off the event loop."""
+        if self._readers is None:
+            raise LedgerUnavailable(f"ledger {self.path} is not open")
+        local = self._reader_local
+        return await asyncio.get_running_loop().run_in_executor(self._readers, lambda: op(local.conn))
+
+    def _inline_conn(self) -> sqlite3.Connection:
+        if self._inline is None:
+            raise LedgerUnavailable(f"ledger {self.path} is not open")
+        return self._inline
+
+    # -- rollouts -------------------------------------------------------------------------------
+
+    async def create_rollouts(self, items: Sequence[RolloutCreate], now: float) -> list[Rollout]:
+        items = list(items)
+
+        def op(conn: sqlite3.Connection) -> list[Rollout]:
+            return [_create_one(conn, item, now) for item in items]
+
+        return await self._write(op)
+
+    async def get_rollout(self, rollout_id: str) -> Rollout | None:
+        row = self._inline_conn().execute(_SELECT_ROLLOUT, (rollout_id,)).fetchone()
+        return None if row is None else _rollout_from_row(row)
+
+    async def list_rollouts(self, states: Sequence[RolloutState], limit: int) -> list[Rollout]:
+        wanted = dict.fromkeys(RolloutState(s).value for s in states)
+        if not wanted or limit < 1:
+            return []
+
+        def op(conn: sqlite3.Connection) -> list[Rollout]:
+            # One indexed, ordered, LIMITed scan per state, merged here: `state IN (...) ORDER BY
+            # id` would make SQLite sort every rollout of those states to return the first few.
+            rows: list[tuple[Any, ...]] = []
+            for state in wanted:
+                rows += conn.execute(_SELECT_ROLLOUTS_IN_STATE, (state, limit)).fetchall()
+            rows.sort(key=operator.itemgetter(0))
+            return [_rollout_from_row(row[1:]) for row in rows[:limit]]
+
+        return await self._read(op)
+
+    async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
+        contexts = self._contexts
+
+        def op(conn: sqlite3.Connection) -> Rollout:
+            rollout = _patch_one(conn, rollout_id, patch, now)
+            if patch.state in TERMINAL_STATES:
+                # A finished rollout rarely gets more model calls: free its contexts (a later call
+                # is simply stored in full).
+                contexts.drop_rollout(rollout_id)
+            return rollout
+
+        return await self._write(op, savepoint=False)  # writes with one UPDATE
+
+    async def delete_rollout(self, rollout_id: str) -> None:
+        contexts = self._contexts
+
+        def op(conn: sqlite3.Connection) -> None:
+            # One statement: its events go with it (ON DELETE CASCADE); the terminal counter stays.
+            conn.execute("DELETE FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+            contexts.drop_rollout(rollout_id)
+
+        await self._write(op, savepoint=False)
+
+    async def terminal_page(self, after: int, limit: int) -> TerminalPage:
+        after = max(0, after)
+        limit = max(1, limit)
+
+        def op(conn: sqlite3.Connection) -> TerminalPage:
+            # One read transaction: the counter and the rows come from the same snapshot, so every
+            # position up to `total` is visible and `next_after` never skips a later commit.
+            conn.execute("BEGIN")
+            try:
+                (total,) = conn.execute(_CURRENT_TERMINAL_POSITION).fetchone()
+                rows = conn.execute(
+                    "SELECT rollout_id, state, data_id, is_train FROM rollouts "
+                    "WHERE terminal_pos > ? AND terminal_pos <= ? ORDER BY terminal_pos",
+                    (after, after + limit),
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            items = [
+                TerminalItem(
+                    rollout_id=rid, state=RolloutState(state), data_id=data_id, is_train=bool(is_train)
+                )
+                for rid, state, data_id, is_train in rows
+            ]
+            return TerminalPage(
+                items=items, next_after=max(after, min(after + limit, total)), total_terminal=total
+            )
+
+        return await self._read(op)
+
+    # -- attempts -------------------------------------------------------------------------------
+
+    async def attempts_with_events(self, rollout_id: str) -> list[str]:
+        rows = (
+            self._inline_conn()
+            .execute(
+                "SELECT attempt_id FROM events "
+                "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) "
+                "GROUP BY attempt_id ORDER BY min(id)",
+                (rollout_id,),
+            )
+            .fetchall()
+        )
+        return [attempt_id for (attempt_id,) in rows]
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def append_event(
+        self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], now: float
+    ) -> EventDict:
+        contexts = self._contexts
+
+        def op(conn: sqlite3.Connection) -> None:
+            # Encoded here, in the writer thread, so contexts chain in commit order. One INSERT is
+            # all it writes (no savepoint needed), and the cache moves only once it succeeded.
+            if event_type == MODEL_REQUEST:
+                blob, ctx = encode_model_request(data, contexts.get(rollout_id, attempt_id))
+            else:
+                blob, ctx = encode_json(data), None
+            cursor = conn.execute(_INSERT_EVENT, (attempt_id, event_type, now, blob, rollout_id))
+            if cursor.rowcount == 0:
+                raise RolloutNotFound(rollout_id)
+            if ctx is not None:
+                contexts.put(rollout_id, attempt_id, ctx)
+
+        await self._write(op, savepoint=False)
+        return {
+            "event_type": event_type,
+            "rollout_id": rollout_id,
+            "attempt_id": attempt_id,
+            "timestamp": now,
+            "data": data,
+        }
+
+    async def list_events(
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+    ) -> list[EventDict]:
+        def op(conn: sqlite3.Connection) -> list[EventDict]:
+            rows = _event_rows(conn, rollout_id, attempt_id, event_type)
+            return decode_events(rollout_id, attempt_id, rows)
+
+        return await self._read(op)
+
+    async def list_triplet_events(
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+    ) -> list[EventDict]:
+        def op(conn: sqlite3.Connection) -> list[EventDict]:
+            rows = _event_rows(conn, rollout_id, attempt_id, event_type)
+            return decode_triplet_events(rollout_id, attempt_id, rows)
+
+        return await self._read(op)
+
+    # -- model endpoints ------------------------------------------------------------------------
+
+    async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
+        params = [(m.model, m.endpoint, m.version) for m in models]
+
+        def op(conn: sqlite3.Connection) -> None:
+            # An update keeps the endpoint's original registration position (its row id).
+            conn.executemany(
+                "INSERT INTO models (model, endpoint, version) VALUES (?, ?, ?) "
+                "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version",
+                params,
+            )
+
+        await self._write(op)
+        return [Model(model=m, endpoint=e, version=v) for m, e, v in params]
+
+    async def list_models(self, model: str | None = None) -> list[Model]:
+        rows = (
+            self._inline_conn()
+            .execute(
+                "SELECT model, endpoint, version FROM models WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
+                (model,),
+            )
+            .fetchall()
+        )
+        return [Model(model=m, endpoint=e, version=v) for m, e, v in rows]
+
+    async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "DELETE FROM models WHERE (?1 IS NULL OR model = ?1) AND (?2 IS NULL OR endpoint = ?2)",
+                (model, endpoint),
+            ).rowcount
+
+        return await self._write(op, savepoint=False)
+
+
+# -- operations (run in the writer thread, inside the batch's transaction) -------------------------
+
+
+def _create_one(conn: sqlite3.Connection, item: RolloutCreate, now: float) -> Rollout:
+    if item.config is None:
+        config, config_json = RolloutConfig(), _DEFAULT_CONFIG_JSON
+    else:
+        config, config_json = item.config, encode_json(item.config.model_dump())
+    metadata = item.metadata if item.metadata is not None else RolloutMetadata()
+    params = [
+        item.rollout_id,
+        encode_json({"input": item.input}),  # the codec's exact JSON takes objects only
+        item.is_train,
+        config_json,
+        encode_json(metadata.model_dump()),  # python mode: NaN stays NaN, as the codec keeps it
+        data_id_of(item.input),
+        now,
+        now,
+    ]
+    while True:
+        if item.rollout_id is None:
+            params[0] = f"ro-{secrets.token_hex(8)}"
+        if conn.execute(_INSERT_ROLLOUT, params).rowcount == 1:
+            break
+        if item.rollout_id is not None:  # idempotent: the existing rollout, untouched
+            return _rollout_from_row(conn.execute(_SELECT_ROLLOUT, (item.rollout_id,)).fetchone())
+        # A fresh random id that is taken already: draw another.
+    return Rollout(
+        rollout_id=params[0],
+        input=item.input,
+        is_train=item.is_train,
+        config=config,
+        metadata=metadata,
+        status=RolloutStatus(created_at=now, updated_at=now),
+    )
+
+
+def _patch_one(conn: sqlite3.Connection, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
+    fields = tuple(name for name in _PATCHABLE if name in patch.model_fields_set)
+    target = patch.state  # an explicit null state means "leave it", like an omitted one
+    if target is None and not fields:
+        row = conn.execute(_SELECT_ROLLOUT, (rollout_id,)).fetchone()
+        if row is None:
+            raise RolloutNotFound(rollout_id)
+        return _rollout_from_row(row)
+    params: dict[str, Any] = {name: getattr(patch, name) for name in fields}
+    params["rollout_id"] = rollout_id
+    params["now"] = now
+    if target is not None:
+        params["state"] = target.value
+    # One statement checks the transition, applies the patch, takes a terminal position and returns
+    # the new row; only when it matched nothing do we look at why.
+    rows = conn.execute(_patch_sql(fields, target), params).fetchall()
+    if not rows:
+        found = conn.execute("SELECT state FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        if found is None:
+            raise RolloutNotFound(rollout_id)
+        assert target is not None
+        raise InvalidTransition(rollout_id, found[0], target.value)
+    return _rollout_from_row(rows[0])
+
+
+@functools.cache
+def _patch_sql(fields: tuple[str, ...], target: RolloutState | None) -> str:
+    """The UPDATE for one shape of patch. With a target state it only matches a rollout whose
+    current state may move there (`can_transition`), and a move into a terminal state takes the
+    next terminal-cursor position (a trigger of the schema counts it in the same statement)."""
+    sets = [f"{name} = :{name}" for name in fields]
+    where = "rollout_id = :rollout_id"
+    if target is not None:
+        sets.append("state = :state")
+        sources = ", ".join(f"'{s.value}'" for s in RolloutState if can_transition(s, target))
+        where += f" AND state IN ({sources})"
+        if target in TERMINAL_STATES:
+            sets.append(f"terminal_pos = ({_CURRENT_TERMINAL_POSITION}) + 1")
+    sets += ["version = version + 1", "updated_at = :now"]
+    return f"UPDATE rollouts SET {', '.join(sets)} WHERE {where} RETURNING {_ROLLOUT_COLUMNS}"
+
+
+# -- rows -> wire models -----------------------------------------------------------------------------
+# `model_validate` of plain dicts, not `model_construct`: measured on pydantic 2.14, validating a
+# whole Rollout from parsed JSON (~12 us) is about twice as fast as constructing its four nested
+# models without validation, and it checks what comes off the disk as well.
+
+
+def _status_from_row(row: tuple[Any, ...]) -> dict[str, Any]:
+    return {
+        "state": row[5],
+        "k8s_job_name": row[6],
+        "last_attempt_id": row[7],
+        "error_message": row[8],
+        "version": row[9],
+        "created_at": row[10],
+        "updated_at": row[11],
+    }
+
+
+def _rollout_from_row(row: tuple[Any, ...]) -> Rollout:
+    return Rollout.model_validate(
+        {
+            "rollout_id": row[0],
+            "input": decode_json(row[1])["input"],
+            "is_train": bool(row[2]),
+            "config": decode_json(row[3]),
+            "metadata": decode_json(row[4]),
+            "status": _status_from_row(row),
+        }
+    )
+
+
+def _event_rows(
+    conn: sqlite3.Connection, rollout_id: str, attempt_id: str, event_type: str | None
+) -> list[EventRow]:
+    # With a filter, model_request rows are still all read (in order) when the filter is
+    # model_request, which is all the context chain needs; other types carry no context.
+    if event_type is None:
+        return conn.execute(_SELECT_EVENTS, (rollout_id, attempt_id)).fetchall()
+    return conn.execute(_SELECT_EVENTS_OF_TYPE, (rollout_id, attempt_id, event_type)).fetchall()

@@ -1,0 +1,1 @@
+"""Deterministic test data shared by keraunos's tests and benchmarks (no test framework imports)."""

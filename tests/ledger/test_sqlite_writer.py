@@ -1,0 +1,252 @@
+"""Group commit in the SQLite ledger: one transaction per batch, failures kept to what failed.
+
+`GroupCommitWriter.hold()` keeps the writer from starting a batch, so a test can queue many writes
+and know they share one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keraunos.ledger import InvalidTransition, LedgerUnavailable, RolloutNotFound, SqliteLedger
+from keraunos.ledger._sqlite_events import ContextCache
+from keraunos.ledger._sqlite_writer import GroupCommitWriter
+from keraunos.protocol import RolloutCreate, RolloutState, RolloutStatusPatch
+from keraunos.testing.calls import growing_prefix_rollout
+
+pytestmark = pytest.mark.anyio
+
+RUNNING = RolloutStatusPatch(state=RolloutState.RUNNING)
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[SqliteLedger]:
+    async with SqliteLedger(tmp_path / "ledger.db") as opened:
+        await opened.create_rollouts([RolloutCreate(input={}, rollout_id=r) for r in ("r", "s")], 1.0)
+        yield opened
+
+
+def writer_of(ledger: SqliteLedger) -> GroupCommitWriter:
+    assert ledger._writer is not None
+    return ledger._writer
+
+
+async def in_one_batch(ledger: SqliteLedger, *writes: Awaitable[Any]) -> list[Any]:
+    """Run `writes` so that they all land in the same batch; outcomes (results or errors) in order."""
+    writer = writer_of(ledger)
+    batches = writer.batches_committed
+    with writer.hold():
+        target = writer.submitted + len(writes)
+        tasks = [asyncio.ensure_future(w) for w in writes]
+        await asyncio.sleep(0)  # each task runs up to its first await: the write is queued
+        assert writer.submitted == target
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    assert writer.batches_committed - batches <= 1
+    return outcomes
+
+
+def add_commit_trap(path: Path) -> None:
+    """Make COMMIT fail for any transaction that appends a `poison` event.
+
+    The trigger inserts a row that breaks a deferred foreign key, which SQLite checks at COMMIT:
+    a real commit failure, from the real database, with every statement before it succeeding.
+    """
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE trap_parent (id INTEGER PRIMARY KEY);
+        CREATE TABLE trap_child (parent INTEGER REFERENCES trap_parent (id) DEFERRABLE INITIALLY DEFERRED);
+        CREATE TRIGGER trap AFTER INSERT ON events WHEN NEW.event_type = 'poison'
+        BEGIN INSERT INTO trap_child VALUES (1); END;
+        """
+    )
+    conn.close()
+
+
+async def test_concurrent_writes_share_one_transaction(ledger: SqliteLedger) -> None:
+    writer = writer_of(ledger)
+    before = writer.batches_committed
+
+    await in_one_batch(
+        ledger, *(ledger.append_event("r", "0", "reward", {"value": i}, 1.0) for i in range(200))
+    )
+
+    assert writer.batches_committed == before + 1
+    assert [e["data"]["value"] for e in await ledger.list_events("r", "0")] == list(range(200))
+
+
+async def test_a_batch_holds_at_most_max_batch_writes(tmp_path: Path) -> None:
+    async with SqliteLedger(tmp_path / "ledger.db", max_batch=8) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+        writer = writer_of(ledger)
+        before, target = writer.batches_committed, writer.submitted + 20
+        with writer.hold():
+            tasks = [
+                asyncio.ensure_future(ledger.append_event("r", "0", "x", {"i": i}, 1.0)) for i in range(20)
+            ]
+            await asyncio.sleep(0)
+            assert writer.submitted == target
+        await asyncio.gather(*tasks)
+        assert writer.batches_committed == before + 3  # 8 + 8 + 4
+        assert [e["data"]["i"] for e in await ledger.list_events("r", "0")] == list(range(20))
+
+
+async def test_a_failing_write_is_undone_alone(ledger: SqliteLedger) -> None:
+    await ledger.patch_rollout("s", RolloutStatusPatch(state=RolloutState.FAILED), 2.0)
+
+    outcomes = await in_one_batch(
+        ledger,
+        ledger.append_event("r", "0", "reward", {"value": 1}, 3.0),
+        ledger.append_event("ghost", "0", "reward", {"value": 2}, 3.0),
+        ledger.patch_rollout("s", RUNNING, 3.0),
+        ledger.patch_rollout("r", RUNNING, 3.0),
+        ledger.append_event("r", "0", "bad", {"not json": {1, 2}}, 3.0),  # a set: cannot be stored
+        ledger.append_event("r", "0", "reward", {"value": 3}, 3.0),
+    )
+
+    assert isinstance(outcomes[1], RolloutNotFound)
+    assert isinstance(outcomes[2], InvalidTransition)
+    assert outcomes[3].status.state is RolloutState.RUNNING
+    assert isinstance(outcomes[4], ValueError | TypeError)
+    assert [e["data"] for e in await ledger.list_events("r", "0")] == [{"value": 1}, {"value": 3}]
+
+
+async def test_a_failed_commit_fails_the_whole_batch_and_the_ledger_goes_on(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+    add_commit_trap(path)
+
+    async with SqliteLedger(path) as ledger:
+        outcomes = await in_one_batch(
+            ledger,
+            ledger.append_event("r", "0", "reward", {"value": 1}, 2.0),
+            ledger.create_rollouts([RolloutCreate(input={}, rollout_id="new")], 2.0),
+            ledger.append_event("r", "0", "poison", {}, 2.0),
+            ledger.patch_rollout("r", RUNNING, 2.0),
+        )
+
+        assert all(isinstance(o, LedgerUnavailable) for o in outcomes), outcomes
+        assert "nothing was stored" in str(outcomes[0])
+        assert await ledger.list_events("r", "0") == []  # nothing of the batch was stored
+        assert await ledger.get_rollout("new") is None
+        rollout = await ledger.get_rollout("r")
+        assert rollout is not None and rollout.status.state is RolloutState.QUEUING
+
+        await ledger.append_event("r", "0", "reward", {"value": 2}, 3.0)  # later batches commit
+        assert [e["data"] for e in await ledger.list_events("r", "0")] == [{"value": 2}]
+
+
+async def test_a_failed_commit_does_not_leave_call_contexts_behind(tmp_path: Path) -> None:
+    # A context cached for a call that was never stored would make the next call a delta against
+    # nothing; the writer must forget contexts when a batch is lost.
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+    add_commit_trap(path)
+    calls = growing_prefix_rollout(4, seed=11)
+
+    async with SqliteLedger(path) as ledger:
+        await ledger.append_event("r", "0", "model_request", calls[0], 1.0)
+        lost = await in_one_batch(
+            ledger,
+            ledger.append_event("r", "0", "model_request", calls[1], 2.0),
+            ledger.append_event("r", "0", "poison", {}, 2.0),
+        )
+        assert all(isinstance(o, LedgerUnavailable) for o in lost)
+        for k in (1, 2, 3):  # the agent retries the lost call, then goes on
+            await ledger.append_event("r", "0", "model_request", calls[k], float(k))
+
+        stored = [e["data"] for e in await ledger.list_events("r", "0")]
+        assert json.dumps(stored) == json.dumps(calls)
+
+
+async def test_a_cancelled_caller_does_not_undo_its_write(ledger: SqliteLedger) -> None:
+    writer = writer_of(ledger)
+    with writer.hold():
+        target = writer.submitted + 1
+        task = asyncio.ensure_future(ledger.append_event("r", "0", "reward", {"value": 1}, 1.0))
+        await asyncio.sleep(0)
+        assert writer.submitted == target
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await ledger.append_event("r", "0", "reward", {"value": 2}, 2.0)  # flushes the batch before it
+    assert [e["data"] for e in await ledger.list_events("r", "0")] == [{"value": 1}, {"value": 2}]
+
+
+async def test_close_commits_what_is_queued_and_then_refuses_work(tmp_path: Path) -> None:
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    await ledger.open()
+    await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+    pending = [asyncio.ensure_future(ledger.append_event("r", "0", "x", {"i": i}, 1.0)) for i in range(50)]
+    await asyncio.sleep(0)
+    await ledger.close()
+    await asyncio.gather(*pending)
+
+    with pytest.raises(LedgerUnavailable):
+        await ledger.append_event("r", "0", "x", {}, 1.0)
+    with pytest.raises(LedgerUnavailable):
+        await ledger.get_rollout("r")
+    with pytest.raises(LedgerUnavailable):
+        await ledger.list_events("r", "0")
+
+    async with SqliteLedger(tmp_path / "ledger.db") as reopened:
+        assert [e["data"]["i"] for e in await reopened.list_events("r", "0")] == list(range(50))
+
+
+async def test_reads_do_not_wait_for_an_open_write_transaction(ledger: SqliteLedger) -> None:
+    await ledger.append_event("r", "0", "reward", {"value": 1}, 1.0)
+    blocker = sqlite3.connect(ledger.path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # holds the write lock, as a long batch would
+    try:
+        assert (await ledger.get_rollout("r")) is not None
+        assert len(await asyncio.wait_for(ledger.list_events("r", "0"), 2)) == 1
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+
+async def test_small_context_caches_still_read_back_exactly(tmp_path: Path) -> None:
+    # With room for one attempt, two interleaved attempts evict each other on every call: every call
+    # is then stored in full, which must read back the same.
+    chains = {"1": growing_prefix_rollout(6, seed=21), "2": growing_prefix_rollout(6, seed=22)}
+    async with SqliteLedger(tmp_path / "ledger.db", context_cache_size=1) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+        for k in range(6):
+            for attempt_id, calls in chains.items():
+                await ledger.append_event("r", attempt_id, "model_request", calls[k], float(k))
+        for attempt_id, calls in chains.items():
+            stored = [e["data"] for e in await ledger.list_events("r", attempt_id)]
+            assert json.dumps(stored) == json.dumps(calls)
+
+
+def test_context_cache_is_a_bounded_lru_per_attempt() -> None:
+    from keraunos.ledger._codec import CallContext
+
+    def ctx() -> CallContext:
+        return CallContext(prompt=None, response=None, messages=None, message_values=None)
+
+    cache = ContextCache(2)
+    a, b, c = ctx(), ctx(), ctx()
+    cache.put("r", "1", a)
+    cache.put("r", "2", b)
+    assert cache.get("r", "1") is a  # now the most recent
+    cache.put("s", "1", c)  # evicts ("r", "2")
+    assert (cache.get("r", "2"), cache.get("r", "1"), cache.get("s", "1")) == (None, a, c)
+
+    cache.drop_rollout("r")
+    assert (cache.get("r", "1"), cache.get("s", "1"), len(cache)) == (None, c, 1)
+    cache.clear()
+    assert len(cache) == 0
+
+    disabled = ContextCache(0)
+    disabled.put("r", "1", a)
+    assert disabled.get("r", "1") is None
