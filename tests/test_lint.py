@@ -37,5 +37,5 @@ def test_ruff_format_is_applied() -> None:
 
 
 def test_pyright_passes() -> None:
-    result = _run(_tool("pyright"), "keraunos")
+    result = _run(_tool("pyright"), "--pythonpath", sys.executable, "keraunos")
     assert result.returncode == 0, result.stdout + result.stderr

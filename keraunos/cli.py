@@ -1,0 +1,182 @@
+"""The `keraunos` command: one entry point, one sub-command per component.
+
+Imports stay light at module level so `keraunos --help` answers at once; each command imports
+what it needs. `keraunos gateway` builds its options from `GatewayConfig`, so every config field
+is a flag with its default and environment variable in `--help`, and nothing is listed twice.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args, get_origin
+
+import typer
+
+import keraunos
+
+if TYPE_CHECKING:
+    from keraunos.gateway.config import GatewayConfig
+
+app = typer.Typer(
+    name="keraunos",
+    help="Train AI agents with reinforcement learning while they run in their real harnesses.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.command()
+def version() -> None:
+    """Print the keraunos version."""
+    typer.echo(keraunos.__version__)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    short_help="Run the gateway (see keraunos gateway --help).",
+)
+def gateway(ctx: typer.Context) -> None:
+    """Run the gateway: rollouts, events and model endpoints over a durable ledger."""
+    # The real option parsing happens in a command generated from GatewayConfig (imported only
+    # now, to keep `keraunos --help` fast); this one passes every argument, --help included, on.
+    command = typer.main.get_command(_gateway_app())
+    command.main(args=ctx.args, prog_name="keraunos gateway")
+
+
+def _gateway_app() -> typer.Typer:
+    """A one-command typer app whose options are the fields of `GatewayConfig` plus `--config`."""
+    from keraunos.gateway.config import GatewayConfig, env_var
+
+    params: list[inspect.Parameter] = []
+    for name, field in GatewayConfig.model_fields.items():
+        # Values arrive as text and are validated by GatewayConfig, so a bad value gets the same
+        # one-line error whether it came from a flag, the environment or the YAML file.
+        option = typer.Option(
+            None,
+            "--" + name.replace("_", "-"),
+            help=f"{field.description} [default: {field.default!r}] [env: {env_var(name)}]",
+            metavar=_metavar(field.annotation),
+            show_default=False,
+        )
+        params.append(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str | None)
+        )
+    config_option = typer.Option(
+        None,
+        "--config",
+        help="YAML file mapping config field names to values (below flags and env vars in precedence).",
+        metavar="FILE.yaml",
+        show_default=False,
+    )
+    params.append(
+        inspect.Parameter(
+            "config", inspect.Parameter.KEYWORD_ONLY, default=config_option, annotation=Path | None
+        )
+    )
+
+    def run(**values: Any) -> None:
+        from keraunos.gateway.config import ConfigError
+
+        config_file: Path | None = values.pop("config")
+        try:
+            config = GatewayConfig.load(values, config_file)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        raise typer.Exit(serve_gateway(config))
+
+    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    run.__doc__ = (
+        "Run the gateway. Precedence: flag > environment variable > --config file > default. "
+        "The SQLite ledger (--db) is opened before the port is bound; a second gateway on the same "
+        "file exits with status 1."
+    )
+    gateway_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    gateway_app.command(name="gateway")(run)
+    return gateway_app
+
+
+def _metavar(annotation: Any) -> str:
+    if get_origin(annotation) is not None and all(isinstance(a, str) for a in get_args(annotation)):
+        return "[" + "|".join(get_args(annotation)) + "]"
+    return {int: "INTEGER", float: "FLOAT"}.get(annotation, "TEXT")
+
+
+def serve_gateway(config: GatewayConfig) -> int:
+    """Open the ledger, serve the gateway until SIGTERM/SIGINT, close the ledger; the exit code."""
+    import asyncio
+
+    from keraunos._logging import configure_logging
+
+    try:
+        import uvloop
+    except ImportError:  # uvloop has no Windows build; the standard loop works, only slower
+        loop_factory = None
+    else:
+        loop_factory = uvloop.new_event_loop
+
+    configure_logging(config.log_level)
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_serve(config))
+
+
+async def _serve(config: GatewayConfig) -> int:
+    from keraunos.ledger import LedgerError, open_ledger
+
+    # The ledger first, before the web stack is even imported: a second gateway on the same file
+    # fails fast, says why, and never binds the port.
+    try:
+        ledger = open_ledger(config.db, durability=config.durability)
+        await ledger.open()
+    except LedgerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 1
+
+    import signal
+
+    import structlog
+    import uvicorn
+
+    from keraunos.gateway.app import create_app
+
+    log = structlog.get_logger("keraunos.gateway")
+    try:
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(config, ledger),
+                host=config.host,
+                port=config.port,
+                http="httptools",
+                ws="none",
+                loop="none",
+                lifespan="on",
+                access_log=False,
+                log_config=None,
+                timeout_keep_alive=120,
+            )
+        )
+        # uvicorn restores the previous handlers after serving and re-raises the signal it got;
+        # with these as the previous handlers the re-raise is harmless, and the ledger is closed.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, server.handle_exit)
+        log.info(
+            "gateway starting", db=config.db, durability=config.durability, host=config.host, port=config.port
+        )
+        await server.serve()
+        return 0 if server.started else 1
+    finally:
+        await ledger.close()
+        log.info("ledger closed", db=config.db)
+
+
+def main() -> None:
+    """Console-script entry point (`keraunos`)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The `/api` routes of PROTOCOL.md, one module per resource."""

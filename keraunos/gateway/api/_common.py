@@ -1,0 +1,174 @@
+"""What every `/api` route shares: the ledger of the app, lean JSON in and out, id path parameters.
+
+Hot routes read and validate their bodies here instead of through FastAPI's body parameters and
+answer with ready-made JSON bytes: FastAPI's generic path (stdlib json, `jsonable_encoder`,
+response-model re-validation) costs more than the ledger write itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, TypeVar
+
+import orjson
+from fastapi import Path, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import TypeAdapter, ValidationError
+from starlette.requests import ClientDisconnect
+
+from keraunos.ledger.base import Ledger
+from keraunos.protocol import ID_PATTERN, ID_RE
+
+T = TypeVar("T")
+
+RolloutIdPath = Annotated[
+    str, Path(pattern=ID_PATTERN, description="Rollout id, matching `[A-Za-z0-9._:-]{1,128}`.")
+]
+AttemptIdPath = Annotated[
+    str, Path(pattern=ID_PATTERN, description="Attempt id, matching `[A-Za-z0-9._:-]{1,128}`.")
+]
+
+
+class LeanRoute(APIRoute):
+    """An `APIRoute` that FastAPI documents from its signature but calls without its parameter machinery.
+
+    FastAPI's per-request dependency solving costs more than a ledger write. A route whose only
+    parameters are the `request` and id path parameters is called as `endpoint(request, **ids)`
+    after the ids are checked against `ID_PATTERN` here (422 naming the parameter otherwise); the
+    endpoint reads its body with `read_body`. Routes with query parameters keep FastAPI's handler.
+    `lean_handler` is that request-only handler (None when FastAPI's is used); the gateway's
+    `FastLane` calls it without going through FastAPI's router at all.
+    """
+
+    lean_handler: Callable[[Request], Coroutine[Any, Any, Response]] | None = None
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        dependant = self.dependant
+        if (
+            dependant.query_params
+            or dependant.header_params
+            or dependant.cookie_params
+            or dependant.body_params
+            or dependant.dependencies
+            or dependant.request_param_name != "request"
+        ):
+            self.lean_handler = None
+            return super().get_route_handler()
+        endpoint = self.endpoint
+        names = tuple(param.name for param in dependant.path_params)
+
+        async def handler(request: Request) -> Response:
+            params = request.path_params
+            for name in names:
+                if ID_RE.fullmatch(params[name]) is None:
+                    raise RequestValidationError([_id_error(name, params[name])])
+            return await endpoint(request, **params)
+
+        self.lean_handler = handler
+        return handler
+
+
+def _id_error(name: str, value: str) -> dict[str, Any]:
+    """The 422 error item FastAPI would give for an id path parameter not matching `ID_PATTERN`."""
+    return {
+        "type": "string_pattern_mismatch",
+        "loc": ("path", name),
+        "msg": f"String should match pattern '{ID_PATTERN}'",
+        "input": value,
+        "ctx": {"pattern": ID_PATTERN},
+    }
+
+
+def ledger_of(request: Request) -> Ledger:
+    """The ledger of the app serving `request` (set by `create_app`)."""
+    return request.app.state.ledger
+
+
+async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:
+    """Parse the request body as JSON and validate it; any problem is a 422 naming the field.
+
+    orjson turns integers beyond 64 bits into floats and refuses lone surrogates, so whatever
+    passes here can be stored and served back as JSON; NaN and Infinity are accepted as v1.0 did.
+    """
+    raw = await _raw_body(request)
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        data = _parse_lenient(raw, exc)
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for error in errors:
+            error["loc"] = ("body", *error["loc"])
+        raise RequestValidationError(errors) from None
+
+
+def _parse_lenient(raw: bytes, strict_error: orjson.JSONDecodeError) -> Any:
+    """Parse what orjson refused but Agent Lightning v1.0 (stdlib `json`) accepted: NaN, Infinity.
+
+    Whatever comes out must still serialise as JSON (no lone surrogates, no integers beyond 64
+    bits), or the ledger could not store it; anything else is the 422 of the strict parser.
+    """
+    try:
+        data = json.loads(raw)
+        orjson.dumps(data)
+    except (ValueError, TypeError, RecursionError, orjson.JSONEncodeError):
+        raise RequestValidationError(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body", strict_error.pos),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": strict_error.msg},
+                }
+            ]
+        ) from None
+    return data
+
+
+async def _raw_body(request: Request) -> bytes:
+    """The whole request body (Starlette's `request.body()` costs more for the usual single chunk)."""
+    receive = request.receive
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        if not message.get("more_body", False):
+            if not chunks:
+                return chunk
+            chunks.append(chunk)
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def json_response(content: bytes, status_code: int = 200) -> Response:
+    """A response carrying already-serialised JSON."""
+    return Response(content=content, status_code=status_code, media_type="application/json")
+
+
+def dump_json(value: Any) -> bytes:
+    """Serialise plain data (dicts, lists, numpy arrays from the ledger) to JSON bytes."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def json_body_doc(schema_name: str, *, many: bool = False, description: str = "") -> dict[str, Any]:
+    """`openapi_extra` documenting a JSON request body that the route parses itself.
+
+    The named schema is added to the OpenAPI components by `keraunos.gateway._openapi`.
+    """
+    schema: dict[str, Any] = {"$ref": f"#/components/schemas/{schema_name}"}
+    if many:
+        schema = {"type": "array", "items": schema}
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {"application/json": {"schema": schema}},
+        }
+    }

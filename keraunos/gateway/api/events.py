@@ -1,0 +1,78 @@
+"""Event API (PROTOCOL.md "Event API"): append an event to an attempt, read a rollout's events."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import TypeAdapter
+
+from keraunos.gateway.api._common import (
+    AttemptIdPath,
+    LeanRoute,
+    RolloutIdPath,
+    dump_json,
+    json_body_doc,
+    json_response,
+    ledger_of,
+    read_body,
+)
+from keraunos.ledger.errors import RolloutNotFound
+from keraunos.protocol import DEFAULT_ATTEMPT_ID, Event, EventCreate
+
+router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=LeanRoute)
+
+_EVENT_BODY = TypeAdapter(EventCreate)
+
+
+@router.post(
+    "/{rollout_id}/attempt/{attempt_id}/events",
+    summary="Append an event to an attempt",
+    response_model=None,
+    responses={200: {"model": Event, "description": "The stored event (timestamp = server time)."}},
+    openapi_extra=json_body_doc("EventCreate"),
+)
+async def post_event(request: Request, rollout_id: RolloutIdPath, attempt_id: AttemptIdPath) -> Response:
+    """Append `{event_type, data}` to (rollout, attempt); 404 if the rollout does not exist."""
+    body = await read_body(request, _EVENT_BODY)
+    event = await ledger_of(request).append_event(
+        rollout_id, attempt_id, body.event_type, body.data, time.time()
+    )
+    return json_response(dump_json(event))
+
+
+@router.get(
+    "/{rollout_id}/events",
+    summary="Events of the rollout's last attempt, full or in triplet form",
+    response_model=None,
+    responses={200: {"model": list[Event], "description": "Events in arrival order."}},
+)
+async def list_events(
+    request: Request,
+    rollout_id: RolloutIdPath,
+    event_type: Annotated[str | None, Query(description="Only events of this type.")] = None,
+    fmt: Annotated[
+        Literal["triplet"] | None,
+        Query(
+            alias="format",
+            description="`triplet`: model_request and reward data trimmed for training, "
+            "retried model calls (same prompt ids) de-duplicated keeping the last.",
+        ),
+    ] = None,
+    include_routed_experts: Annotated[
+        bool, Query(description="Accepted for Agent Lightning v1.0 compatibility; no effect yet.")
+    ] = False,
+) -> Response:
+    """Events of `status.last_attempt_id` (attempt "0" when unset), in arrival order."""
+    ledger = ledger_of(request)
+    rollout = await ledger.get_rollout(rollout_id)
+    if rollout is None:
+        raise RolloutNotFound(rollout_id)
+    attempt_id = rollout.status.last_attempt_id or DEFAULT_ATTEMPT_ID
+    events: list[dict[str, Any]]
+    if fmt == "triplet":
+        events = await ledger.list_triplet_events(rollout_id, attempt_id, event_type)
+    else:
+        events = await ledger.list_events(rollout_id, attempt_id, event_type)
+    return json_response(dump_json(events))

@@ -1,0 +1,32 @@
+"""`GET /api/info` (keraunos extension): which extensions this server has. A v1.0 server answers 404."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+import keraunos
+from keraunos.gateway.api._common import json_response
+from keraunos.protocol import ServerInfo
+
+router = APIRouter(prefix="/api", tags=["info"])
+
+#: Extensions of PROTOCOL.md this gateway implements; clients look names up here before using one.
+FEATURES: tuple[str, ...] = (
+    "ids",  # rollout and attempt ids are validated (422 otherwise)
+    "body-limits",  # request bodies over max_body_bytes get 413
+    "durable-ledger",  # acknowledged writes survive a crash of the gateway
+    "models-list",  # GET /api/models
+    "models-delete-filter",  # DELETE /api/models?model=M&endpoint=E
+)
+
+
+@router.get(
+    "/info",
+    summary="Server name, version and the keraunos extensions it supports",
+    response_model=None,
+    responses={200: {"model": ServerInfo, "description": "What this server is."}},
+)
+async def info() -> Response:
+    """Name, version and the features this build implements."""
+    body = ServerInfo(version=keraunos.__version__, features=list(FEATURES))
+    return json_response(body.model_dump_json().encode())

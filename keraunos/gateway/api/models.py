@@ -1,0 +1,61 @@
+"""Model API (PROTOCOL.md "Model API"): register, list and remove model inference endpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import TypeAdapter
+
+from keraunos.gateway.api._common import LeanRoute, json_body_doc, json_response, ledger_of, read_body
+from keraunos.protocol import Model
+
+router = APIRouter(prefix="/api/models", tags=["models"], route_class=LeanRoute)
+
+_MODELS = TypeAdapter(list[Model])
+_OK = b'{"status":"ok"}'
+
+
+@router.post(
+    "",
+    status_code=201,
+    summary="Register model endpoints (upsert by model and endpoint)",
+    response_model=None,
+    responses={201: {"model": list[Model], "description": "The endpoints as stored, in order."}},
+    openapi_extra=json_body_doc("Model", many=True),
+)
+async def upsert_models(request: Request) -> Response:
+    """Insert or replace each endpoint, keyed by (model, endpoint)."""
+    models = await read_body(request, _MODELS)
+    stored = await ledger_of(request).upsert_models(models)
+    return json_response(_MODELS.dump_json(stored), 201)
+
+
+@router.get(
+    "",
+    summary="List registered model endpoints (keraunos extension)",
+    response_model=None,
+    responses={200: {"model": list[Model], "description": "Endpoints in registration order."}},
+)
+async def list_models(
+    request: Request,
+    model: Annotated[str | None, Query(description="Only endpoints of this model name.")] = None,
+) -> Response:
+    """Registered endpoints, all or those of one model name."""
+    return json_response(_MODELS.dump_json(await ledger_of(request).list_models(model)))
+
+
+@router.delete(
+    "",
+    summary="Remove model endpoints (all, or those matching the filters)",
+    response_model=None,
+    responses={200: {"description": '`{"status": "ok"}`'}},
+)
+async def delete_models(
+    request: Request,
+    model: Annotated[str | None, Query(description="Only endpoints of this model name.")] = None,
+    endpoint: Annotated[str | None, Query(description="Only this endpoint URL.")] = None,
+) -> Response:
+    """Without filters remove every endpoint (Agent Lightning v1.0); with filters only the matches."""
+    await ledger_of(request).delete_models(model, endpoint)
+    return json_response(_OK)

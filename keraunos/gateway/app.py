@@ -1,0 +1,108 @@
+"""Assembly of the gateway ASGI app: routes, auth, body limits and the ledger's error mapping.
+
+`create_app` keeps all state on the app instance (`app.state.config`, `app.state.ledger`), so two
+gateways can live in one process. The ledger is opened and closed by whoever calls it (the CLI).
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request, Response
+
+import keraunos
+from keraunos.gateway._auth import ServerKeyAuth
+from keraunos.gateway._fastlane import FastLane
+from keraunos.gateway._limits import BodySizeLimit
+from keraunos.gateway._openapi import build_openapi
+from keraunos.gateway.api import events, info, models, rollouts
+from keraunos.gateway.api._common import dump_json
+from keraunos.gateway.config import GatewayConfig
+from keraunos.ledger.base import Ledger
+from keraunos.ledger.errors import InvalidTransition, LedgerUnavailable, RolloutNotFound
+
+log = structlog.get_logger("keraunos.gateway")
+
+_HEALTHZ = b'{"status":"ok"}'
+
+
+def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
+    """The gateway app serving PROTOCOL.md's `/api` over `ledger` (which the caller opens and closes)."""
+    app = FastAPI(
+        title="keraunos gateway",
+        version=keraunos.__version__,
+        description="Rollouts, events and model endpoints of keraunos (Agent Lightning v1.0 compatible).",
+        **_without_native_telemetry(),
+    )
+    app.state.config = config
+    app.state.ledger = ledger
+
+    app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")
+    # Matching order matters (FastLane follows it); the proxy's router will join this tuple.
+    routers = (info.router, rollouts.router, events.router, models.router)
+    for router in routers:
+        app.include_router(router)
+
+    app.add_exception_handler(RolloutNotFound, _not_found)
+    app.add_exception_handler(InvalidTransition, _conflict)
+    app.add_exception_handler(LedgerUnavailable, _unavailable)
+
+    public_paths = frozenset(
+        path
+        for path in (
+            "/healthz",
+            app.docs_url,
+            app.redoc_url,
+            app.openapi_url,
+            app.swagger_ui_oauth2_redirect_url,
+        )
+        if path
+    )
+    # Starlette wraps the last-added middleware outermost: auth runs first, then the body limit,
+    # then the lean `/api` routes are served without FastAPI's (costly) router.
+    app.add_middleware(FastLane, routers=routers, exception_handlers=app.exception_handlers)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    if config.key:
+        app.add_middleware(ServerKeyAuth, key=config.key, public_paths=public_paths)
+    else:
+        log.warning(
+            "AUTH DISABLED: no server key is set, anyone who can reach this port can read and change "
+            "every rollout; set --key or KERAUNOS_GATEWAY_KEY",
+            host=config.host,
+            port=config.port,
+        )
+    app.openapi = partial(build_openapi, app, auth=bool(config.key), public_paths=public_paths)  # type: ignore[method-assign]
+    return app
+
+
+def _without_native_telemetry() -> dict[str, Any]:
+    """FastAPI >= 0.16x checks for OpenTelemetry providers on every request; keraunos exports its own
+    metrics, so switch that off where the `telemetry` argument exists."""
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    return {}
+
+
+async def healthz() -> Response:
+    """Always `{"status": "ok"}` while the process serves requests; needs no key."""
+    return Response(_HEALTHZ, media_type="application/json")
+
+
+def _detail(status_code: int, detail: str) -> Response:
+    return Response(dump_json({"detail": detail}), status_code=status_code, media_type="application/json")
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _detail(404, str(exc))
+
+
+async def _conflict(request: Request, exc: Exception) -> Response:
+    return _detail(409, str(exc))
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    log.error("ledger unavailable", method=request.method, path=request.url.path, error=str(exc))
+    return _detail(503, f"Ledger unavailable, nothing was stored: {exc}. Retry later.")
