@@ -17,6 +17,9 @@ ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 ID_RE = re.compile(ID_PATTERN)
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 
+#: An integer that fits a 64-bit database column (numbers inside JSON payloads may be any size).
+Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+
 #: Attempt id used by v1.0 clients that never set `last_attempt_id`.
 DEFAULT_ATTEMPT_ID = "0"
 
@@ -190,7 +193,7 @@ class Model(BaseModel):
 
     model: str
     endpoint: str
-    version: int = 0
+    version: Int64 = 0
 
 
 class ServerInfo(BaseModel):

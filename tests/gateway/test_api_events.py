@@ -82,6 +82,17 @@ def test_events_are_stored_as_sent_in_arrival_order(api: httpx.Client, rollout: 
     assert [(e["event_type"], e["data"]) for e in posted] == payloads
 
 
+def test_integers_beyond_64_bits_come_back_exactly(api: httpx.Client, new_id: NewId) -> None:
+    huge = {"pos": 2**64, "neg": -(10**30), "in_list": [1, 12345678901234567890123], "text": "9" * 25}
+    rid = new_id("big")
+    created = api.post("/api/rollouts", json=[{"input": huge, "rollout_id": rid}])
+    assert created.status_code == 201, created.text
+    assert created.json()[0]["input"] == huge
+    assert api.get(f"/api/rollouts/{rid}").json()["rollout"]["input"] == huge
+    assert post_event(api, rid, "custom", huge)["data"] == huge
+    assert events(api, rid)[0]["data"] == huge
+
+
 def test_non_finite_numbers_are_accepted_like_v1_and_read_back_as_null(
     api: httpx.Client, rollout: str
 ) -> None:
@@ -129,14 +140,12 @@ def test_get_events_of_unknown_rollout_is_404(api: httpx.Client) -> None:
     assert response.json() == {"detail": "Rollout not found: ghost-rollout"}
 
 
-def test_get_accepts_include_routed_experts_and_rejects_unknown_formats(
+def test_get_accepts_include_routed_experts_and_serves_unknown_formats_in_full_like_v1(
     api: httpx.Client, rollout: str
 ) -> None:
-    post_event(api, rollout, "reward", {"value": 1})
+    full = post_event(api, rollout, "reward", {"value": 1, "message": "kept in full"})
     assert len(events(api, rollout, format="triplet", include_routed_experts="true")) == 1
-    response = api.get(f"/api/rollouts/{rollout}/events", params={"format": "yaml"})
-    assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["query", "format"]
+    assert events(api, rollout, format="yaml") == [full]
 
 
 # -- triplets -------------------------------------------------------------------------------------

@@ -8,14 +8,18 @@ response-model re-validation) costs more than the ledger write itself.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, TypeVar
 
+import numpy as np
 import orjson
+import pydantic_core
 from fastapi import Path, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 from starlette.requests import ClientDisconnect
 
 from keraunos.ledger.base import Ledger
@@ -89,14 +93,18 @@ def ledger_of(request: Request) -> Ledger:
 async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:
     """Parse the request body as JSON and validate it; any problem is a 422 naming the field.
 
-    orjson turns integers beyond 64 bits into floats and refuses lone surrogates, so whatever
-    passes here can be stored and served back as JSON; NaN and Infinity are accepted as v1.0 did.
+    orjson is the fast path. It silently turns integers beyond 64 bits into floats, so a body that
+    may hold one goes to the stdlib parser instead (as do NaN and Infinity, which v1.0 accepted):
+    what a client wrote is what the ledger stores.
     """
     raw = await _raw_body(request)
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        data = _parse_lenient(raw, exc)
+    if _MAYBE_BIG_INT.search(raw) is not None:
+        data = _parse_lenient(raw, None)
+    else:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            data = _parse_lenient(raw, exc)
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:
@@ -106,24 +114,31 @@ async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:
         raise RequestValidationError(errors) from None
 
 
-def _parse_lenient(raw: bytes, strict_error: orjson.JSONDecodeError) -> Any:
-    """Parse what orjson refused but Agent Lightning v1.0 (stdlib `json`) accepted: NaN, Infinity.
+#: A run of 19+ digits that is an integer (not part of a fraction or exponent): it may not fit
+#: 64 bits. Digits inside strings match too; that only costs the slower parser.
+_MAYBE_BIG_INT = re.compile(rb"(?<![\d.eE+\-])-?\d{19,}(?![\d.eE])")
 
-    Whatever comes out must still serialise as JSON (no lone surrogates, no integers beyond 64
-    bits), or the ledger could not store it; anything else is the 422 of the strict parser.
+
+def _parse_lenient(raw: bytes, strict_error: orjson.JSONDecodeError | None) -> Any:
+    """Parse with the stdlib what orjson refused or would alter: NaN, Infinity, integers beyond 64 bits.
+
+    Whatever comes out must still serialise as JSON (no lone surrogates), or the ledger could not
+    store it and serve it back; anything else is a 422.
     """
     try:
         data = json.loads(raw)
-        orjson.dumps(data)
-    except (ValueError, TypeError, RecursionError, orjson.JSONEncodeError):
+        dump_json(data)
+    except (ValueError, TypeError, RecursionError, PydanticSerializationError) as exc:
+        position = strict_error.pos if strict_error is not None else getattr(exc, "pos", 0)
+        message = strict_error.msg if strict_error is not None else str(exc)
         raise RequestValidationError(
             [
                 {
                     "type": "json_invalid",
-                    "loc": ("body", strict_error.pos),
+                    "loc": ("body", position),
                     "msg": "JSON decode error",
                     "input": {},
-                    "ctx": {"error": strict_error.msg},
+                    "ctx": {"error": message},
                 }
             ]
         ) from None
@@ -153,8 +168,21 @@ def json_response(content: bytes, status_code: int = 200) -> Response:
 
 
 def dump_json(value: Any) -> bytes:
-    """Serialise plain data (dicts, lists, numpy arrays from the ledger) to JSON bytes."""
-    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    """Serialise plain data (dicts, lists, numpy arrays from the ledger) to JSON bytes.
+
+    NaN and Infinity become `null`. Integers beyond 64 bits, which orjson refuses, take the slower
+    pydantic-core serialiser, so they come back exactly as they were written.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError:
+        return pydantic_core.to_json(value, fallback=_array_to_list, inf_nan_mode="null")
+
+
+def _array_to_list(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot serialise {type(value).__name__} as JSON")
 
 
 def json_body_doc(schema_name: str, *, many: bool = False, description: str = "") -> dict[str, Any]:

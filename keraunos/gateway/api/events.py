@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import TypeAdapter
@@ -53,11 +53,12 @@ async def list_events(
     rollout_id: RolloutIdPath,
     event_type: Annotated[str | None, Query(description="Only events of this type.")] = None,
     fmt: Annotated[
-        Literal["triplet"] | None,
+        str | None,
         Query(
             alias="format",
             description="`triplet`: model_request and reward data trimmed for training, "
-            "retried model calls (same prompt ids) de-duplicated keeping the last.",
+            "retried model calls (same prompt ids) de-duplicated keeping the last. Any other "
+            "value gives the full events, as in Agent Lightning v1.0.",
         ),
     ] = None,
     include_routed_experts: Annotated[
