@@ -29,9 +29,14 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from itertools import chain, compress, count
+from operator import ne
 from typing import Any
 
 import numpy as np
@@ -106,13 +111,25 @@ _PREFIX_HEADER = struct.Struct("<BIII")  # after the mode byte
 _MESSAGES_HEADER = struct.Struct("<IIII")
 # Below this many shared ids a delta saves next to nothing and would tie the blob to its predecessor.
 _MIN_SHARED_PREFIX = 16
-# zlib only pays on payloads of some size, and only when it saves a tenth.
-_COMPRESS_MIN_BYTES = 128
+# zlib only pays on payloads of some size, and only when it saves a tenth. It costs some 20 ns a byte,
+# as much as the rest of a call's encoding for a call's DATA and new messages (1-3 KiB of JSON that it
+# shrinks by a third), and encoding runs once per proxied model call: so the JSON sections of a call
+# are compressed from 4 KiB on (a long system prompt or tool output), the request (a few hundred bytes,
+# mostly key names, where a completions request's prompt ids leave a null) from 128 bytes. Level 1
+# takes about as long as level 6 on such texts and saves less.
+_COMPRESS_SMALL = 128
+_COMPRESS_LARGE = 4096
 _COMPRESS_MAX_RATIO = 0.9
+_COMPRESS_LEVEL = 6
 
 _CONTENT_KEYS = ("token", "logprob", "bytes", "top_logprobs")
 _TOP_KEYS = ("token", "logprob", "bytes")
 _BYTES_NULL, _BYTES_OTHER = 1, 2
+_BYTE_LISTS_JSON = b"0123456789,[]nul"
+# Token text -> its UTF-8, and that as a list of ints (see `_utf8`); emptied past this many tokens.
+_UTF8: dict[str, bytes] = {}
+_UTF8_LISTS: dict[str, list[int]] = {}
+_UTF8_CACHE_SIZE = 1 << 15
 
 _INT32 = np.iinfo(np.int32)
 
@@ -147,8 +164,10 @@ def _dumps(value: Any) -> bytes:
         out = orjson.dumps(value)
     except orjson.JSONEncodeError:
         return _dumps_stdlib(value)
-    # orjson writes NaN and +-Infinity as null, so only output with a null can have lost one.
-    if b"null" in out and not _all_finite(value):
+    # orjson writes NaN and +-Infinity as null, so only output with a null can have lost one. Its
+    # output is otherwise exact, so reading it back equal to `value` rules NaN (never equal to None)
+    # and infinities out, at a fraction of the stdlib's cost; anything else takes the stdlib's word.
+    if b"null" in out and orjson.loads(out) != value and not _all_finite(value):
         return _dumps_stdlib(value)
     return out
 
@@ -208,9 +227,9 @@ class _Encoder:
             top["response"] = self._response(dict(response))
         request = top.get("request")
         if isinstance(request, dict):
-            self._add(_Kind.REQUEST, 0, _dumps(self._request(dict(request))), compress=True)
+            self._add(_Kind.REQUEST, 0, _dumps(self._request(dict(request))), _COMPRESS_SMALL)
             top["request"] = None
-        self._add(_Kind.DATA, 0, _dumps(top), compress=True)
+        self._add(_Kind.DATA, 0, _dumps(top), _COMPRESS_LARGE)
         return self._blob()
 
     def context(self) -> CallContext:
@@ -257,7 +276,9 @@ class _Encoder:
             columns = _content_columns(content)
             if columns is not None:
                 self._add(_Kind.CONTENT_VALUES, index, columns[0])
-                self._add(_Kind.CONTENT_TOKENS, index, columns[1], compress=True)
+                # Not compressed: short tokens of the whole vocabulary, which zlib shrinks by a third
+                # for about as much time as the rest of the call's encoding.
+                self._add(_Kind.CONTENT_TOKENS, index, columns[1])
                 logprobs["content"] = None
         floats = _pack_floats(logprobs.get("token_logprobs"))
         if floats is not None:
@@ -265,7 +286,7 @@ class _Encoder:
             logprobs["token_logprobs"] = None
         strings = _pack_strings(logprobs.get("tokens"))
         if strings is not None:
-            self._add(_Kind.TOKENS, index, strings, compress=True)
+            self._add(_Kind.TOKENS, index, strings, _COMPRESS_LARGE)
             logprobs["tokens"] = None
         self._ids(logprobs, "text_offset", _Kind.TEXT_OFFSET, index, False)
         return logprobs
@@ -273,7 +294,7 @@ class _Encoder:
     def _request(self, request: dict[str, Any]) -> dict[str, Any]:
         messages = request.get("messages")
         if isinstance(messages, list):
-            self._add(_Kind.MESSAGES, 0, self._messages(messages), compress=True)
+            self._add(_Kind.MESSAGES, 0, self._messages(messages), _COMPRESS_LARGE)
             request["messages"] = None
         self._ids(request, "prompt", _Kind.REQUEST_PROMPT, 0, True)
         return request
@@ -282,23 +303,34 @@ class _Encoder:
         self, container: dict[str, Any], key: str, kind: _Kind, index: int, prompt_like: bool
     ) -> np.ndarray | None:
         """Move `container[key]` into a section if it is a packable id list; return its array."""
-        if container.get(key) is None:  # absent, or already moved
+        value = container.get(key)
+        if value is None:  # absent, or already moved
             return None
-        ids = _pack_ids(container[key])
+        ids, shared = None, 0
+        prev = self.prev
+        if prompt_like and self.prompt is None and prev is not None and prev.prompt is not None:
+            extended = _pack_extending_ids(value, prev.prompt, _or_empty(prev.response))
+            if extended is not None:
+                ids, shared = extended
         if ids is None:
-            return None
-        self._add(kind, index, self._ids_payload(ids, prompt_like))
+            ids = _pack_ids(value)
+            if ids is None:
+                return None
+        self._add(kind, index, self._ids_payload(ids, prompt_like, shared))
         container[key] = None
         return ids
 
-    def _ids_payload(self, ids: np.ndarray, prompt_like: bool) -> bytes:
+    def _ids_payload(self, ids: np.ndarray, prompt_like: bool, shared: int = 0) -> bytes:
+        """`shared`, where known, is the length of the common prefix of `ids` and the previous
+        call's prompt + response."""
         width = ids.dtype.itemsize
         if prompt_like and self.prompt is not None and _same_ids(ids, self.prompt):
             return bytes([_SAME])
         prev = self.prev
         if prompt_like and prev is not None and prev.prompt is not None:
             response = _or_empty(prev.response)
-            shared = _shared_prefix(ids, prev.prompt, response)
+            if not shared:
+                shared = _shared_prefix(ids, prev.prompt, response)
             if shared >= _MIN_SHARED_PREFIX:
                 base_length = len(prev.prompt) + len(response)
                 check = _base_check(prev.prompt, response, shared)
@@ -307,14 +339,19 @@ class _Encoder:
         return bytes([_RAW, width]) + _little_endian(ids)
 
     def _messages(self, messages: list[Any]) -> bytes:
-        encoded = [_dumps(message) for message in messages]
         prev_messages = self.prev.messages if self.prev is not None else None
-        shared = 0
-        if prev_messages:
-            for mine, theirs in zip(encoded, prev_messages, strict=False):
-                if mine != theirs:
-                    break
-                shared += 1
+        extended = _extending_messages(messages, prev_messages) if prev_messages else None
+        if extended is not None:
+            encoded = extended
+            shared = len(prev_messages or ())
+        else:
+            encoded = [_dumps(message) for message in messages]
+            shared = 0
+            if prev_messages:
+                for mine, theirs in zip(encoded, prev_messages, strict=False):
+                    if mine != theirs:
+                        break
+                    shared += 1
         head = _MESSAGES_HEADER.pack(
             shared,
             len(prev_messages) if shared and prev_messages else 0,
@@ -327,10 +364,11 @@ class _Encoder:
         new = encoded[shared:]
         return head + _pack_uints([len(m) for m in new]) + b"".join(new)
 
-    def _add(self, kind: _Kind, index: int, payload: bytes, compress: bool = False) -> None:
+    def _add(self, kind: _Kind, index: int, payload: bytes, compress_from: int = 0) -> None:
+        """Add a section; zlib-compressed if `compress_from` and the payload has as many bytes."""
         code = int(kind)
-        if compress and len(payload) >= _COMPRESS_MIN_BYTES:
-            packed = zlib.compress(payload, 6)
+        if compress_from and len(payload) >= compress_from:
+            packed = zlib.compress(payload, _COMPRESS_LEVEL)
             if len(packed) <= len(payload) * _COMPRESS_MAX_RATIO:
                 code |= _COMPRESSED
                 payload = packed
@@ -341,6 +379,31 @@ class _Encoder:
         parts.extend(_SECTION.pack(code, index, len(payload)) for code, index, payload in self.sections)
         parts.extend(payload for _, _, payload in self.sections)
         return b"".join(parts)
+
+
+def _extending_messages(messages: list[Any], prev_messages: tuple[bytes, ...]) -> list[bytes] | None:
+    """The messages as `_dumps` writes each, when they start with all of `prev_messages` (the usual
+    next request of a chat); else None.
+
+    One orjson call for the whole history, compared with the previous messages' bytes, instead of a
+    `_dumps` per message: only the new messages are written one by one.
+    """
+    if len(messages) < len(prev_messages):
+        return None
+    try:
+        text = orjson.dumps(messages)
+    except orjson.JSONEncodeError:
+        return None
+    head = b"[" + b",".join(prev_messages)
+    if not text.startswith(head) or text[len(head) : len(head) + 1] != (
+        b"," if len(messages) > len(prev_messages) else b"]"
+    ):
+        return None
+    # orjson writes NaN as null: the same bytes as a previous message's null need not be its value.
+    shared = len(prev_messages)
+    if b"null" in head and orjson.loads(head + b"]") != messages[:shared]:
+        return None
+    return [*prev_messages, *(_dumps(message) for message in messages[shared:])]
 
 
 def _pack_ids(value: Any) -> np.ndarray | None:
@@ -357,13 +420,51 @@ def _pack_ids(value: Any) -> np.ndarray | None:
     if text.translate(None, b"0123456789-,") != b"[]":
         return None
     try:
-        ids = np.array(value, dtype=np.int64)
+        ids = np.fromiter(value, dtype=np.int64, count=len(value))
     except OverflowError:
         return None
     if _INT32.min <= ids.min() and ids.max() <= _INT32.max:
         ids = ids.astype(np.int32)
     ids.flags.writeable = False
     return ids
+
+
+def _pack_extending_ids(
+    value: Any, prompt: np.ndarray, response: np.ndarray
+) -> tuple[np.ndarray, int] | None:
+    """`_pack_ids(value)` and the length of `prompt + response` when `value` starts with all of it,
+    the usual next prompt of a chain; else None.
+
+    Converting a list of ints to an array is most of `_pack_ids`' time, and a chain's prompts grow
+    by every turn: this compares the JSON text of `value` with that of the previous ids (orjson
+    writes both the same way, and a bool or float never like an int) and converts only the new ids.
+    """
+    shared = len(prompt) + len(response)
+    if type(value) is not list or len(value) < shared or shared < _MIN_SHARED_PREFIX:
+        return None
+    try:
+        text = orjson.dumps(value)
+        base = [orjson.dumps(part, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1] for part in (prompt, response)]
+    except orjson.JSONEncodeError:  # an int beyond 64 bits, or an array orjson does not take
+        return None
+    head = b"[" + b",".join(part for part in base if part)
+    if len(value) == shared:
+        if text != head + b"]":
+            return None
+    elif not text.startswith(head + b",") or text[len(head) + 1 :].translate(None, b"0123456789-,") != b"]":
+        return None
+    try:
+        new = np.fromiter(value[shared:], dtype=np.int64, count=len(value) - shared)
+    except OverflowError:
+        return None
+    parts = (prompt, response, new)
+    fits = all(
+        part.dtype == np.int32 or not len(part) or (_INT32.min <= part.min() and part.max() <= _INT32.max)
+        for part in parts
+    )
+    ids = np.concatenate(parts, dtype=np.int32 if fits else np.int64)
+    ids.flags.writeable = False
+    return ids, shared
 
 
 def _pack_floats(value: Any) -> np.ndarray | None:
@@ -390,43 +491,35 @@ def _content_columns(content: list[Any]) -> tuple[bytes, bytes] | None:
     Values: `count:u32`, chosen log probs (f64), top-list lengths, top log probs (f64). Tokens:
     byte lengths and UTF-8 of the chosen then the top tokens; then the tokens whose `bytes` is not
     their UTF-8: `count:u32`, positions (u32), kinds (u8: 1 null, 2 other), lengths and bytes.
+
+    Runs once per proxied chat call, so it works a column at a time (C loops over the whole list)
+    rather than an entry at a time.
     """
-    chosen: list[float] = []
-    chosen_tokens: list[bytes] = []
-    chosen_odd: list[tuple[int, bytes | None]] = []
-    counts: list[int] = []
-    top: list[float] = []
-    top_tokens: list[bytes] = []
-    top_odd: list[tuple[int, bytes | None]] = []
-    for entry in content:
-        if type(entry) is not dict or tuple(entry) != _CONTENT_KEYS:
+    odd: list[tuple[int, bytes | None]] = []
+    columns = _logprob_rows(content, _CONTENT_KEYS, 0, odd)
+    if columns is None:
+        return None
+    chosen, chosen_tokens, tops = columns
+    if len(set(map(type, tops))) != 1 or type(tops[0]) is not list:
+        return None
+    counts = list(map(len, tops))
+    alternatives = list(chain.from_iterable(tops))
+    if alternatives:
+        columns = _logprob_rows(alternatives, _TOP_KEYS, len(chosen), odd)
+        if columns is None:
             return None
-        if not _take_logprob(entry, chosen, chosen_tokens, chosen_odd):
-            return None
-        alternatives = entry["top_logprobs"]
-        if type(alternatives) is not list:
-            return None
-        for alternative in alternatives:
-            if type(alternative) is not dict or tuple(alternative) != _TOP_KEYS:
-                return None
-            if not _take_logprob(alternative, top, top_tokens, top_odd):
-                return None
-        counts.append(len(alternatives))
+        top, top_tokens, _ = columns
+    else:
+        top, top_tokens = [], []
 
     values = b"".join(
-        (
-            struct.pack("<I", len(chosen)),
-            np.array(chosen, dtype="<f8").tobytes(),
-            _pack_uints(counts),
-            np.array(top, dtype="<f8").tobytes(),
-        )
+        (struct.pack("<I", len(chosen)), _pack_floats_le(chosen), _pack_uints(counts), _pack_floats_le(top))
     )
     tokens = chosen_tokens + top_tokens
-    odd = chosen_odd + [(position + len(chosen_tokens), raw) for position, raw in top_odd]
     other = [raw for _, raw in odd if raw is not None]
     strings = b"".join(
         (
-            _pack_uints([len(t) for t in tokens]),
+            _pack_uints(list(map(len, tokens))),
             b"".join(tokens),
             struct.pack("<I", len(odd)),
             np.array([position for position, _ in odd], dtype="<u4").tobytes(),
@@ -438,34 +531,98 @@ def _content_columns(content: list[Any]) -> tuple[bytes, bytes] | None:
     return values, strings
 
 
-def _take_logprob(
-    item: dict[str, Any], logprobs: list[float], tokens: list[bytes], odd: list[tuple[int, bytes | None]]
-) -> bool:
-    """Append one {token, logprob, bytes} item to the columns; False if it cannot be a column row."""
-    token, logprob, raw = item["token"], item["logprob"], item["bytes"]
-    if type(token) is not str or type(logprob) is not float:
-        return False
+def _logprob_rows(
+    items: list[Any], keys: tuple[str, ...], offset: int, odd: list[tuple[int, bytes | None]]
+) -> tuple[Sequence[float], list[bytes], Sequence[Any]] | None:
+    """The log probs and UTF-8 tokens of non-empty `items`, each a dict with exactly `keys` (token,
+    logprob, bytes[, top_logprobs]), and their last column; None if they cannot be column rows.
+
+    Appends (offset + position, bytes or None) to `odd` for the items whose `bytes` is not their
+    token's UTF-8.
+    """
+    if set(map(type, items)) != {dict}:
+        return None
+    # The keys by position across all items: all the same and in this order, or not a column row.
     try:
-        utf8 = token.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    if raw is None:
-        odd.append((len(tokens), None))
-    elif type(raw) is list:
-        # bytes() accepts True as 1; the column would give it back as an int.
-        if raw and set(map(type, raw)) != {int}:
+        if list(zip(*items, strict=True)) != [(key,) * len(items) for key in keys]:
+            return None
+    except ValueError:  # items with different numbers of keys
+        return None
+    # The values by position, in `keys` order (a tuple each).
+    tokens, logprobs, raws, *rest = zip(*map(dict.values, items), strict=True)
+    last = rest[0] if rest else raws
+    if set(map(type, tokens)) != {str} or set(map(type, logprobs)) != {float}:
+        return None
+    try:
+        encoded, expected = _utf8(tokens)
+    except UnicodeEncodeError:  # a lone surrogate: leave the list to JSON's escapes
+        return None
+    if not _odd_raws(raws, encoded, expected, offset, odd):
+        return None
+    return logprobs, encoded, last
+
+
+def _utf8(tokens: Sequence[str]) -> tuple[list[bytes], list[list[int]]]:
+    """The UTF-8 of each token, and as the list of ints that vLLM gives as its `bytes`.
+
+    From a bounded cache: a vocabulary's tokens recur in every call, and encoding and listing each
+    one is a good part of a call's time. The cached lists are never modified.
+    """
+    try:
+        return list(map(_UTF8.__getitem__, tokens)), list(map(_UTF8_LISTS.__getitem__, tokens))
+    except KeyError:  # a new token (or another thread emptied the cache)
+        pass
+    encoded = list(map(str.encode, tokens))
+    expected = list(map(list, encoded))
+    if len(_UTF8) > _UTF8_CACHE_SIZE:
+        _UTF8.clear()
+        _UTF8_LISTS.clear()
+    _UTF8.update(zip(tokens, encoded, strict=True))
+    _UTF8_LISTS.update(zip(tokens, expected, strict=True))
+    return encoded, expected
+
+
+def _odd_raws(
+    raws: Sequence[Any],
+    encoded: list[bytes],
+    expected: list[list[int]],
+    offset: int,
+    odd: list[tuple[int, bytes | None]],
+) -> bool:
+    """Append the `bytes` that are not their token's UTF-8 (`encoded`, as lists: `expected`) to
+    `odd`; False if one is not None or a list of ints in 0..255 (what the columns store)."""
+    positions = () if list(raws) == expected else compress(count(), map(ne, raws, expected))
+    # An equal list may still hold True for 1 or 1.0 for 1: orjson writes those with letters or a
+    # dot, plain ints and null with digits and "nul" only.
+    try:
+        if orjson.dumps(raws).translate(None, _BYTE_LISTS_JSON):
             return False
-        try:
-            raw_bytes = bytes(raw)
-        except ValueError:  # a value outside 0..255
-            return False
-        if raw_bytes != utf8:
-            odd.append((len(tokens), raw_bytes))
-    else:
+    except orjson.JSONEncodeError:
         return False
-    logprobs.append(logprob)
-    tokens.append(utf8)
+    for position in positions:
+        raw = raws[position]
+        if raw is None:
+            odd.append((offset + position, None))
+        elif type(raw) is list:
+            if raw and set(map(type, raw)) != {int}:
+                return False
+            try:
+                raw_bytes = bytes(raw)
+            except ValueError:  # a value outside 0..255
+                return False
+            if raw_bytes != encoded[position]:
+                odd.append((offset + position, raw_bytes))
+        else:
+            return False
     return True
+
+
+def _pack_floats_le(values: Sequence[float]) -> bytes:
+    """Python floats as little-endian f64."""
+    packed = array("d", values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:
@@ -495,20 +652,12 @@ def _base_check(prompt: np.ndarray, response: np.ndarray, shared: int) -> int:
     Catches a reader that threads another previous call than the writer had, without reading
     90k ids per call: 32 ids spread over the prefix and its last 16.
     """
-    positions = np.concatenate(
-        (np.arange(0, shared, max(1, shared // 32)), np.arange(max(0, shared - 16), shared))
-    )
+    if shared <= 0:
+        raise CodecError("model_request blob extends an empty prefix")
+    positions = [*range(0, shared, max(1, shared // 32)), *range(max(0, shared - 16), shared)]
     split = len(prompt)
-    if positions[-1] < split:
-        sample = prompt[positions]
-    elif split == 0:
-        sample = response[positions]
-    else:
-        in_prompt = positions < split
-        sample = np.where(
-            in_prompt, prompt[np.minimum(positions, split - 1)], response[np.maximum(positions - split, 0)]
-        )
-    return zlib.crc32(sample.astype("<i8").tobytes(), shared)
+    base = prompt if shared <= split else np.concatenate((prompt, response[: shared - split]))
+    return zlib.crc32(base.take(positions).astype("<i8").tobytes(), shared)
 
 
 def _little_endian(ids: np.ndarray) -> bytes:
@@ -518,7 +667,9 @@ def _little_endian(ids: np.ndarray) -> bytes:
 def _pack_uints(values: list[int]) -> bytes:
     """`width:u8` then the values as unsigned integers of that many bytes (1, 2, 4 or 8)."""
     largest = max(values, default=0)
-    width = 1 if largest < 1 << 8 else 2 if largest < 1 << 16 else 4 if largest < 1 << 32 else 8
+    if largest < 1 << 8:
+        return b"\x01" + bytes(values)
+    width = 2 if largest < 1 << 16 else 4 if largest < 1 << 32 else 8
     return bytes([width]) + np.array(values, dtype=f"<u{width}").tobytes()
 
 

@@ -432,6 +432,37 @@ def test_a_growing_prefix_rollout_is_stored_within_twice_its_distinct_content() 
     assert max(len(b) for b in blobs[5:]) < 1.3 * min(len(b) for b in blobs[5:])
 
 
+def test_what_a_chain_shares_is_compared_exactly() -> None:
+    """The encoder finds a prompt or history that extends the previous call's by comparing JSON text
+    and caches token encodings: values that look or compare like the previous ones stay what they were."""
+    calls = [copy.deepcopy(call) for call in growing_prefix_rollout(5, **SMALL)]
+    # A NaN in a message the previous call had with null: orjson writes both as null.
+    calls[0]["request"]["messages"][0]["name"] = None
+    calls[1]["request"]["messages"][0]["name"] = math.nan
+    # A bool where the previous prompt had 1; after the prefix, ids that need int64, a bool, and an
+    # id beyond int64 (each prompt still extends the previous prompt + response).
+    prompts = [call["response"]["prompt_token_ids"] for call in calls]
+    for prompt in prompts:
+        prompt[3] = 1
+    prompts[1][3] = True
+    for k, value in ((2, 2**40), (3, False), (4, 2**64 - 1)):
+        at = len(prompts[k])
+        for prompt in prompts[k:]:
+            prompt.insert(at, value)
+    # Token bytes equal to the UTF-8 as ints but not ints, and odd bytes among the usual ones.
+    content = calls[2]["response"]["choices"][0]["logprobs"]["content"]
+    content[0]["bytes"] = [float(b) for b in content[0]["token"].encode()]
+    content[1]["top_logprobs"][0].update(token="\x01", bytes=[True])
+    content = calls[3]["response"]["choices"][0]["logprobs"]["content"]
+    content[0]["bytes"], content[2]["bytes"] = None, [0xE6]
+    for _ in range(2):  # the second time from the token cache
+        blobs = round_trip_chain(calls)
+    decoded = decode_model_request(blobs[0], None)
+    decoded = decode_model_request(blobs[1], decoded[1])[0]
+    assert math.isnan(decoded["request"]["messages"][0]["name"])
+    assert decoded["response"]["prompt_token_ids"][3] is True
+
+
 def test_a_chain_decoded_against_the_wrong_previous_call_raises() -> None:
     calls = growing_prefix_rollout(3, **SMALL)
     other = growing_prefix_rollout(3, seed=1, **SMALL)  # same shapes, other ids and messages
