@@ -173,6 +173,20 @@ async def _serve(config: GatewayConfig) -> int:
         log.info("ledger closed", db=config.db)
 
 
+@app.command(
+    name="engine-mock",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    short_help="Run a vLLM-compatible model server stand-in (see keraunos engine-mock --help).",
+)
+def engine_mock(ctx: typer.Context) -> None:
+    """Run a vLLM-compatible OpenAI model server stand-in for tests and benchmarks."""
+    from keraunos.testing._engine_cli import engine_mock_app
+
+    command = typer.main.get_command(engine_mock_app())
+    command.main(args=ctx.args, prog_name="keraunos engine-mock")
+
+
 def main() -> None:
     """Console-script entry point (`keraunos`)."""
     app()
