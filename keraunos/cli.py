@@ -136,6 +136,7 @@ async def _serve(config: GatewayConfig) -> int:
         typer.echo(f"error: {exc}", err=True)
         return 1
 
+    import math
     import signal
 
     import structlog
@@ -157,6 +158,8 @@ async def _serve(config: GatewayConfig) -> int:
                 access_log=False,
                 log_config=None,
                 timeout_keep_alive=120,
+                # On SIGTERM, requests in flight (proxied model calls) get this long to finish.
+                timeout_graceful_shutdown=math.ceil(config.drain_timeout_s),
             )
         )
         # uvicorn restores the previous handlers after serving and re-raises the signal it got;

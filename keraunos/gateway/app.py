@@ -7,6 +7,8 @@ gateways can live in one process. The ledger is opened and closed by whoever cal
 from __future__ import annotations
 
 import inspect
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -21,6 +23,8 @@ from keraunos.gateway._openapi import build_openapi
 from keraunos.gateway.api import events, info, models, rollouts
 from keraunos.gateway.api._common import dump_json
 from keraunos.gateway.config import GatewayConfig
+from keraunos.gateway.proxy import CacheInvalidation, ProxyState, proxy_lifespan
+from keraunos.gateway.proxy import router as proxy_router
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import InvalidTransition, LedgerUnavailable, RolloutNotFound
 
@@ -30,19 +34,29 @@ _HEALTHZ = b'{"status":"ok"}'
 
 
 def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
-    """The gateway app serving PROTOCOL.md's `/api` over `ledger` (which the caller opens and closes)."""
+    """The gateway app serving PROTOCOL.md's `/api` and `/proxy` over `ledger` (which the caller
+    opens and closes). Its lifespan opens the proxy's HTTP client and drains proxy calls on shutdown."""
+    proxy = ProxyState(config, ledger)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with proxy_lifespan(proxy):
+            yield
+
     app = FastAPI(
         title="keraunos gateway",
         version=keraunos.__version__,
         description="Rollouts, events and model endpoints of keraunos (Agent Lightning v1.0 compatible).",
+        lifespan=lifespan,
         **_without_native_telemetry(),
     )
     app.state.config = config
     app.state.ledger = ledger
+    app.state.proxy = proxy
 
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")
-    # Matching order matters (FastLane follows it); the proxy's router will join this tuple.
-    routers = (info.router, rollouts.router, events.router, models.router)
+    # Matching order matters (FastLane follows it); the proxy's hot route comes first.
+    routers = (proxy_router, info.router, rollouts.router, events.router, models.router)
     for router in routers:
         app.include_router(router)
 
@@ -62,8 +76,10 @@ def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
         if path
     )
     # Starlette wraps the last-added middleware outermost: auth runs first, then the body limit,
-    # then the lean `/api` routes are served without FastAPI's (costly) router.
+    # then the cache invalidation, then the lean routes are served without FastAPI's (costly) router.
     app.add_middleware(FastLane, routers=routers, exception_handlers=app.exception_handlers)
+    # Endpoint and rollout changes made through `/api` reach the proxy's in-memory caches.
+    app.add_middleware(CacheInvalidation, endpoints=proxy.endpoints, rollouts=proxy.rollouts)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     if config.key:
         app.add_middleware(ServerKeyAuth, key=config.key, public_paths=public_paths)

@@ -61,6 +61,42 @@ class GatewayConfig(BaseSettings):
         description="Largest request body accepted, in bytes; larger ones get 413.",
     )
     log_level: LogLevel = Field(default="info", description="Least severe log level written to stderr.")
+    proxy_max_attempts: int = Field(
+        default=6,
+        ge=1,
+        description="Upstream attempts per proxied call (the first try included) before giving up.",
+    )
+    proxy_backoff_initial_s: float = Field(
+        default=0.5, ge=0.0, description="Delay before the first proxy retry; doubles on each retry (±25%)."
+    )
+    proxy_backoff_max_s: float = Field(
+        default=8.0, ge=0.0, description="Longest delay between proxy retries."
+    )
+    proxy_upstream_timeout_s: float = Field(
+        default=300.0,
+        gt=0.0,
+        description="Timeout of one upstream model call (connect, and each wait for bytes), in seconds.",
+    )
+    proxy_max_connections: int = Field(
+        default=1024, ge=1, description="Most open connections to model endpoints, all endpoints together."
+    )
+    endpoint_cooldown_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="How long an endpoint that timed out, refused a connection or answered 503 is "
+        "skipped by routing (its rollouts go to their next choice meanwhile).",
+    )
+    models_refresh_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        description="How often the proxy re-reads registered endpoints from the ledger (changes made "
+        "through this gateway apply at once; this bounds how late other replicas' changes are seen).",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description="On SIGTERM, how long in-flight requests (proxied model calls) may take to finish.",
+    )
 
     @field_validator("durability", "log_level", mode="before")
     @classmethod

@@ -17,6 +17,11 @@ FEATURES: tuple[str, ...] = (
     "durable-ledger",  # acknowledged writes survive a crash of the gateway
     "models-list",  # GET /api/models
     "models-delete-filter",  # DELETE /api/models?model=M&endpoint=E
+    "models-delete-one",  # the same filters remove exactly one endpoint
+    "proxy",  # /proxy/.../openai/v1/{chat/completions,completions,models}, recorded as model_request
+    "pause-drain",  # POST /proxy/pause, POST /proxy/resume, GET /proxy/state
+    "rendezvous-routing",  # rollouts stick to an endpoint; removing one moves only its rollouts
+    "proxy-error-source",  # gateway-made proxy errors carry error.{message, source, attempts}
 )
 
 

@@ -1,0 +1,12 @@
+"""The model proxy: agents' OpenAI calls go through here to the model endpoints and are recorded.
+
+`routing` picks the endpoint, `shaping` the forwarded body, `record` the event (all three pure);
+`upstream` makes the call with retries, `routes` is the HTTP shell, `state` and `cache` hold what
+lives on the app.
+"""
+
+from keraunos.gateway.proxy.cache import CacheInvalidation
+from keraunos.gateway.proxy.routes import router
+from keraunos.gateway.proxy.state import ProxyState, proxy_lifespan
+
+__all__ = ["CacheInvalidation", "ProxyState", "proxy_lifespan", "router"]

@@ -1,0 +1,99 @@
+"""What the proxy keeps in memory so its hot path reads nothing from the ledger.
+
+`EndpointCache` holds the registered endpoints per model name, `KnownRollouts` the ids of rollouts
+seen to exist. Changes made through this gateway reach them at once: `CacheInvalidation` watches
+the `/api` requests that change endpoints or delete rollouts. Changes made through another replica
+(on a shared ledger) are seen within `refresh_s` for endpoints; for a deleted rollout the ledger
+write of the next call fails and the proxy forgets the id then.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from keraunos.ledger.base import Ledger
+from keraunos.protocol import Model
+
+
+class EndpointCache:
+    """Registered endpoints per model name, re-read after a change or every `refresh_s` seconds."""
+
+    def __init__(self, ledger: Ledger, refresh_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ledger = ledger
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._generation = 0
+        # model -> (endpoints, generation they were read at, when they were read)
+        self._entries: dict[str, tuple[tuple[Model, ...], int, float]] = {}
+
+    async def endpoints(self, model: str) -> tuple[Model, ...]:
+        """The endpoints registered for `model`, in registration order."""
+        entry = self._entries.get(model)
+        now = self._clock()
+        if entry is not None and entry[1] == self._generation and now - entry[2] < self._refresh_s:
+            return entry[0]
+        generation = self._generation
+        endpoints = tuple(await self._ledger.list_models(model))
+        # An invalidation during the read leaves the entry stale, so the next call reads again.
+        self._entries[model] = (endpoints, generation, now)
+        return endpoints
+
+    def invalidate(self) -> None:
+        """Endpoints changed: read them again on the next call."""
+        self._generation += 1
+
+
+class KnownRollouts:
+    """Ids of rollouts known to exist, at most `capacity` of them (the oldest entry goes first)."""
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self._capacity = capacity
+        self._ids: dict[str, None] = {}
+
+    def __contains__(self, rollout_id: str) -> bool:
+        return rollout_id in self._ids
+
+    def add(self, rollout_id: str) -> None:
+        ids = self._ids
+        if rollout_id in ids:
+            return
+        if len(ids) >= self._capacity:
+            del ids[next(iter(ids))]
+        ids[rollout_id] = None
+
+    def forget(self, rollout_id: str) -> None:
+        self._ids.pop(rollout_id, None)
+
+
+_ROLLOUTS_PREFIX = "/api/rollouts/"
+
+
+class CacheInvalidation:
+    """ASGI middleware: after a request that may change endpoints or delete a rollout, update the caches.
+
+    `POST`/`DELETE /api/models` invalidate the endpoint cache, `DELETE /api/rollouts/{id}` forgets
+    the rollout. This runs after the route answered, whatever its status: forgetting is always safe.
+    """
+
+    def __init__(self, app: ASGIApp, *, endpoints: EndpointCache, rollouts: KnownRollouts) -> None:
+        self.app = app
+        self._endpoints = endpoints
+        self._rollouts = rollouts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if path.rstrip("/") == "/api/models":
+                self._endpoints.invalidate()
+            elif scope["method"] == "DELETE" and path.startswith(_ROLLOUTS_PREFIX):
+                rollout_id = path[len(_ROLLOUTS_PREFIX) :]
+                if "/" not in rollout_id:
+                    self._rollouts.forget(rollout_id)

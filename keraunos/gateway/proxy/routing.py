@@ -1,0 +1,77 @@
+"""Which model endpoint serves a rollout: rendezvous hashing with cool-downs (pure, clock passed in).
+
+Every endpoint gets a score per rollout from a stable hash of (endpoint, rollout); the rollout goes
+to the highest-scoring endpoint. All calls of a rollout therefore land on one replica (its prefix
+cache stays warm), and adding or removing a replica moves only the rollouts that gain or lose it.
+An endpoint in cool-down (it timed out, refused a connection or answered 503) is skipped, so its
+rollouts fall over to their next choice, and come back once the cool-down ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from hashlib import blake2b
+
+
+def score(endpoint: str, rollout_id: str) -> int:
+    """The rendezvous weight of `endpoint` for `rollout_id`: stable across processes and machines."""
+    digest = blake2b(f"{endpoint}\x00{rollout_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rank(rollout_id: str, endpoints: Iterable[str]) -> list[str]:
+    """`endpoints` in the rollout's order of preference (ties, astronomically rare, by name)."""
+    return sorted(endpoints, key=lambda endpoint: (score(endpoint, rollout_id), endpoint), reverse=True)
+
+
+def choose(
+    rollout_id: str, endpoints: Sequence[str], cooldowns: Cooldowns | None = None, now: float = 0.0
+) -> str | None:
+    """The endpoint that serves `rollout_id` now: its best choice not in cool-down.
+
+    When every endpoint is cooling down the best one is used anyway: a call that may still work
+    beats refusing it (the caller's retries bound the cost). None only when `endpoints` is empty.
+    """
+    if not endpoints:
+        return None
+    if len(endpoints) == 1:
+        return endpoints[0]
+    best: str | None = None
+    best_key: tuple[int, str] | None = None
+    fallback: str | None = None
+    fallback_key: tuple[int, str] | None = None
+    for endpoint in endpoints:
+        key = (score(endpoint, rollout_id), endpoint)
+        if fallback_key is None or key > fallback_key:
+            fallback, fallback_key = endpoint, key
+        if cooldowns is not None and cooldowns.cooling(endpoint, now):
+            continue
+        if best_key is None or key > best_key:
+            best, best_key = endpoint, key
+    return best if best is not None else fallback
+
+
+class Cooldowns:
+    """Endpoints skipped by routing until a given time (the caller passes the clock's `now`)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def eject(self, endpoint: str, now: float, duration: float) -> None:
+        """Skip `endpoint` until `now + duration`."""
+        if duration > 0:
+            self._until[endpoint] = now + duration
+
+    def cooling(self, endpoint: str, now: float) -> bool:
+        """Whether `endpoint` is in cool-down at `now` (an expired entry is dropped)."""
+        until = self._until.get(endpoint)
+        if until is None:
+            return False
+        if now >= until:
+            del self._until[endpoint]
+            return False
+        return True
+
+    def snapshot(self, now: float) -> dict[str, float]:
+        """Seconds of cool-down left per endpoint still cooling at `now`."""
+        return {endpoint: until - now for endpoint, until in self._until.items() if until > now}
