@@ -202,3 +202,12 @@ class ServerInfo(BaseModel):
     name: str = "keraunos"
     version: str
     features: list[str]
+
+
+class AgentToken(BaseModel):
+    """Body of `POST /api/rollouts/{id}/attempt/{a}/token`: a credential scoped to that attempt."""
+
+    token: str
+    rollout_id: str
+    attempt_id: str
+    expires_at: int

@@ -1,15 +1,31 @@
-"""Server-key authentication as a pure ASGI middleware (cheap on the hot path, no request objects).
+"""Server-key and agent-token authentication as a pure ASGI middleware (cheap on the hot path).
 
-The key is accepted as `Authorization: Bearer KEY` or `x-api-key: KEY` and compared in constant
-time. Public paths (health check, API docs) need no key.
+The server key is accepted as `Authorization: Bearer KEY` or `x-api-key: KEY` and compared in
+constant time; it grants everything, as in Agent Lightning v1.0. An agent token (see `_tokens`) in
+the same headers grants only its own attempt's proxy paths and its own events URL, and only while
+that attempt is current (PROTOCOL.md "Agent tokens"). Public paths (health check, API docs) need
+no key.
 """
 
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Iterable
 
+import orjson
+import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from keraunos.gateway._tokens import TokenClaims, looks_like_token, verify
+from keraunos.ledger.base import Ledger
+from keraunos.ledger.errors import LedgerUnavailable
+from keraunos.protocol import TERMINAL_STATES
+
+log = structlog.get_logger("keraunos.gateway")
+
+#: Where the auth layer leaves the claims of an agent request, for routes that restrict agents further.
+AGENT_SCOPE_KEY = "keraunos.agent"
 
 _UNAUTHORIZED_BODY = b'{"detail":"Invalid or missing API key"}'
 _UNAUTHORIZED_START = {
@@ -20,6 +36,7 @@ _UNAUTHORIZED_START = {
         (b"content-length", str(len(_UNAUTHORIZED_BODY)).encode()),
     ],
 }
+OUT_OF_SCOPE = "agent token is not valid for this path"
 
 
 def carries_key(headers: Iterable[tuple[bytes, bytes]], key: bytes) -> bool:
@@ -34,15 +51,74 @@ def carries_key(headers: Iterable[tuple[bytes, bytes]], key: bytes) -> bool:
     return False
 
 
-class ServerKeyAuth:
-    """Answer `401 {"detail": "Invalid or missing API key"}` to HTTP requests without the key."""
+def presented_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The first credential in either accepted header that has the form of an agent token."""
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, credential = value.partition(b" ")
+            if scheme.lower() != b"bearer":
+                continue
+        elif name == b"x-api-key":
+            credential = value
+        else:
+            continue
+        credential = credential.strip()
+        if looks_like_token(credential):
+            return credential.decode("latin-1")
+    return None
 
-    def __init__(self, app: ASGIApp, *, key: str, public_paths: Iterable[str]) -> None:
+
+def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
+    """Whether a token with `claims` may call `method path`: its attempt's proxy paths, its events POST."""
+    parts = path.split("/")
+    # /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/...
+    if (
+        len(parts) >= 11
+        and parts[1] == "proxy"
+        and parts[2] == "rollout"
+        and parts[4] == "attempt"
+        and parts[6] == "mode"
+        and parts[8] == "openai"
+        and parts[9] == "v1"
+    ):
+        return parts[3] == claims.rollout_id and parts[5] == claims.attempt_id
+    # POST /api/rollouts/{r}/attempt/{a}/events
+    return (
+        method == "POST"
+        and len(parts) == 7
+        and parts[1] == "api"
+        and parts[2] == "rollouts"
+        and parts[4] == "attempt"
+        and parts[6] == "events"
+        and parts[3] == claims.rollout_id
+        and parts[5] == claims.attempt_id
+    )
+
+
+class ServerKeyAuth:
+    """Let requests with the server key through; scope agent-token requests; 401 everything else.
+
+    A token request out of its scope gets 403, one whose attempt was superseded (or whose rollout is
+    terminal) gets 409; in scope, its claims are left in `scope["keraunos.agent"]`. Only token
+    requests read the ledger (one rollout lookup); the server key path reads nothing.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        key: str,
+        public_paths: Iterable[str],
+        token_secret: bytes,
+        ledger: Ledger,
+    ) -> None:
         if not key:
             raise ValueError("ServerKeyAuth needs a non-empty key; leave the middleware out to disable auth")
         self.app = app
         self._key = key.encode()
         self._public = frozenset(public_paths)
+        self._token_secret = token_secret
+        self._ledger = ledger
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -52,5 +128,54 @@ class ServerKeyAuth:
         ):
             await self.app(scope, receive, send)
             return
-        await send(_UNAUTHORIZED_START)
-        await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
+        token = presented_token(scope["headers"])
+        claims = verify(self._token_secret, token, time.time()) if token is not None else None
+        if claims is None:
+            await send(_UNAUTHORIZED_START)
+            await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
+            return
+        if not in_scope(claims, scope["method"], scope["path"]):
+            await _answer(send, 403, OUT_OF_SCOPE)
+            return
+        try:
+            superseded = await self._superseded(claims)
+        except LedgerUnavailable as exc:
+            log.error("ledger unavailable", path=scope["path"], error=str(exc))
+            await _answer(send, 503, f"Ledger unavailable, nothing was stored: {exc}. Retry later.")
+            return
+        if superseded is not None:
+            await _answer(send, 409, f"attempt superseded: {superseded}")
+            return
+        scope[AGENT_SCOPE_KEY] = claims
+        await self.app(scope, receive, send)
+
+    async def _superseded(self, claims: TokenClaims) -> str | None:
+        """Why the token's attempt may no longer write, or None while it is current.
+
+        An unknown rollout is not fenced here: the route answers 404 as for the server key.
+        """
+        rollout = await self._ledger.get_rollout(claims.rollout_id)
+        if rollout is None:
+            return None
+        status = rollout.status
+        if status.state in TERMINAL_STATES:
+            return f"rollout {claims.rollout_id!r} is {status.state.value}; start a new rollout"
+        current = status.last_attempt_id
+        if current is not None and current != claims.attempt_id:
+            return (
+                f"attempt {claims.attempt_id!r} of rollout {claims.rollout_id!r} was replaced by "
+                f"attempt {current!r}; this agent should stop"
+            )
+        return None
+
+
+async def _answer(send: Send, status: int, detail: str) -> None:
+    body = orjson.dumps({"detail": detail})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

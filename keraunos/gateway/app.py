@@ -20,7 +20,8 @@ from keraunos.gateway._auth import ServerKeyAuth
 from keraunos.gateway._fastlane import FastLane
 from keraunos.gateway._limits import BodySizeLimit
 from keraunos.gateway._openapi import build_openapi
-from keraunos.gateway.api import events, info, models, rollouts
+from keraunos.gateway._tokens import token_secret
+from keraunos.gateway.api import events, info, models, rollouts, tokens
 from keraunos.gateway.api._common import dump_json
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.proxy import CacheInvalidation, ProxyState, proxy_lifespan
@@ -53,10 +54,11 @@ def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
     app.state.config = config
     app.state.ledger = ledger
     app.state.proxy = proxy
+    app.state.token_secret = token_secret(config.token_secret, config.key)
 
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")
     # Matching order matters (FastLane follows it); the proxy's hot route comes first.
-    routers = (proxy_router, info.router, rollouts.router, events.router, models.router)
+    routers = (proxy_router, info.router, rollouts.router, events.router, tokens.router, models.router)
     for router in routers:
         app.include_router(router)
 
@@ -82,7 +84,13 @@ def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
     app.add_middleware(CacheInvalidation, endpoints=proxy.endpoints, rollouts=proxy.rollouts)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     if config.key:
-        app.add_middleware(ServerKeyAuth, key=config.key, public_paths=public_paths)
+        app.add_middleware(
+            ServerKeyAuth,
+            key=config.key,
+            public_paths=public_paths,
+            token_secret=app.state.token_secret,
+            ledger=ledger,
+        )
     else:
         log.warning(
             "AUTH DISABLED: no server key is set, anyone who can reach this port can read and change "

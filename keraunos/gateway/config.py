@@ -35,6 +35,11 @@ class GatewayConfig(BaseSettings):
         description="Server key clients send as 'Authorization: Bearer KEY' or 'x-api-key: KEY'. "
         "Empty disables auth (for local experiments only).",
     )
+    token_secret: str = Field(
+        default="",
+        description="Secret that signs agent tokens (scoped to one attempt). Empty: derived from the "
+        "server key, so replicas sharing a key agree and a restart keeps tokens valid.",
+    )
     db: str = Field(
         default="keraunos.db",
         description="SQLite ledger file, relative to the working directory; created if missing. "

@@ -95,6 +95,7 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/rollouts/terminal": {"get"},
         "/api/rollouts/{rollout_id}": {"get", "patch", "delete"},
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events": {"post"},
+        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/token": {"post"},
         "/api/rollouts/{rollout_id}/events": {"get"},
         "/api/models": {"get", "post", "delete"},
     }

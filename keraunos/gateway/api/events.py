@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import TypeAdapter
 
+from keraunos.gateway._auth import AGENT_SCOPE_KEY
 from keraunos.gateway.api._common import (
     AttemptIdPath,
     LeanRoute,
@@ -24,18 +25,34 @@ from keraunos.protocol import DEFAULT_ATTEMPT_ID, Event, EventCreate
 router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=LeanRoute)
 
 _EVENT_BODY = TypeAdapter(EventCreate)
+#: Written by the proxy for each recorded model call; agent tokens may not forge one.
+_MODEL_REQUEST = "model_request"
 
 
 @router.post(
     "/{rollout_id}/attempt/{attempt_id}/events",
     summary="Append an event to an attempt",
     response_model=None,
-    responses={200: {"model": Event, "description": "The stored event (timestamp = server time)."}},
+    responses={
+        200: {"model": Event, "description": "The stored event (timestamp = server time)."},
+        403: {"description": "An agent token posting a model_request, or out of its scope."},
+        409: {"description": "An agent token whose attempt was superseded."},
+    },
     openapi_extra=json_body_doc("EventCreate"),
 )
 async def post_event(request: Request, rollout_id: RolloutIdPath, attempt_id: AttemptIdPath) -> Response:
-    """Append `{event_type, data}` to (rollout, attempt); 404 if the rollout does not exist."""
+    """Append `{event_type, data}` to (rollout, attempt); 404 if the rollout does not exist.
+
+    An agent token may post any event type but `model_request` (403): only the proxy writes those.
+    """
     body = await read_body(request, _EVENT_BODY)
+    if body.event_type == _MODEL_REQUEST and AGENT_SCOPE_KEY in request.scope:
+        return json_response(
+            dump_json(
+                {"detail": "agent tokens may not post model_request events; only the proxy writes them"}
+            ),
+            403,
+        )
     event = await ledger_of(request).append_event(
         rollout_id, attempt_id, body.event_type, body.data, time.time()
     )

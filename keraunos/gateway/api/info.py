@@ -22,6 +22,7 @@ FEATURES: tuple[str, ...] = (
     "pause-drain",  # POST /proxy/pause, POST /proxy/resume, GET /proxy/state
     "rendezvous-routing",  # rollouts stick to an endpoint; removing one moves only its rollouts
     "proxy-error-source",  # gateway-made proxy errors carry error.{message, source, attempts}
+    "agent-tokens",  # POST /api/rollouts/{id}/attempt/{a}/token; tokens scoped to one attempt
 )
 
 
