@@ -1,0 +1,351 @@
+"""The proxy alone: what a gateway in front of a model server costs per call, against the engine stand-in.
+
+Every run starts `keraunos engine-mock` (pinned to `--client-cpus`, next to this load generator) and
+`keraunos gateway` (pinned to `--server-cpus`) on a fresh ledger file, registers the engine as the
+served model's endpoint, and creates one rollout per concurrent agent. Then, at each concurrency,
+three loads run back to back, each a warm-up followed by `--duration` seconds of closed-loop load
+(every worker sends its next call as soon as the previous one is answered):
+
+- `direct`: the chat call straight to the engine (the floor: client + engine + loopback);
+- `proxy`: the same call through `/proxy/rollout/{id}/attempt/0/mode/train/openai/v1`, recorded in
+  the ledger as a `model_request` event before it is answered;
+- `proxy stream`: the same call with `"stream": true`, read to its end; reported as "not supported"
+  while the gateway answers streamed calls with 400.
+
+Reported per load and concurrency: calls/s, p50 and p99 latency, and for the proxy the latency it
+adds over `direct` at the same concurrency (p50 - p50, p99 - p99 of the same run). Cells are
+min / median / max over `--runs`.
+
+    python benchmarks/proxy.py --runs 3                        # defaults below
+    python benchmarks/proxy.py --runs 1 --duration 3           # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+KEY = "bench-key-0123456789"
+SERVED_MODEL = "bench/served-model"
+LOADS = ("direct", "proxy", "proxy stream")
+
+
+@dataclass
+class LoadResult:
+    """One load at one concurrency in one run; `supported` is False when the gateway refused it."""
+
+    calls_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    calls: int = 0
+    supported: bool = True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 1]) of an ascending list."""
+    index = min(len(sorted_values) - 1, max(0, round(q * len(sorted_values) + 0.5) - 1))
+    return sorted_values[index]
+
+
+def chat_body(args: argparse.Namespace, stream: bool) -> bytes:
+    """The agent's call: a prompt of `--prompt-words` words (one engine token each)."""
+    prompt = " ".join(f"w{1000 + i}" for i in range(args.prompt_words))
+    body: dict[str, Any] = {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.max_tokens,
+        "ignore_eos": True,
+        "logprobs": True,
+    }
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+class Server:
+    """A `keraunos` subprocess in its own session, pinned with taskset; stopped with its group."""
+
+    def __init__(self, name: str, cpus: str, args: list[str], health: str, log: Path) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "keraunos.cli", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        if shutil.which("taskset"):
+            argv = ["taskset", "-c", cpus, *argv]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KERAUNOS_")}
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        self.name, self.log = name, log
+        self._wait_healthy(health)
+
+    def _wait_healthy(self, path: str, timeout: float = 30.0) -> None:
+        import http.client
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", path)
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"{self.name} did not become ready:\n{self.log.read_text(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+async def one_call(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool) -> int:
+    """Send one call and read its answer to the end; returns the HTTP status."""
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+        if stream and response.status == 200:
+            async for _ in response.content.iter_any():
+                pass
+        else:
+            await response.read()
+        return response.status
+
+
+async def closed_loop(
+    session: aiohttp.ClientSession, urls: list[str], body: bytes, stream: bool, seconds: float
+) -> list[float]:
+    """len(urls) workers, worker i calling urls[i] back to back for `seconds`; latencies in ms."""
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def worker(url: str) -> None:
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            status = await one_call(session, url, body, stream)
+            if status != 200:
+                raise RuntimeError(f"POST {url} -> {status}")
+            latencies.append((time.perf_counter() - start) * 1000)
+
+    await asyncio.gather(*(worker(url) for url in urls))
+    return latencies
+
+
+async def measure(
+    session: aiohttp.ClientSession, urls: list[str], body: bytes, stream: bool, args: argparse.Namespace
+) -> LoadResult:
+    if stream:  # the gateway refuses streamed calls with 400 until it supports them
+        status = await one_call(session, urls[0], body, stream)
+        if status == 400:
+            return LoadResult(supported=False)
+        if status != 200:
+            raise RuntimeError(f"streamed probe -> {status}")
+    await closed_loop(session, urls, body, stream, args.warmup)
+    start = time.perf_counter()
+    latencies = await closed_loop(session, urls, body, stream, args.duration)
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    return LoadResult(
+        calls_per_s=len(latencies) / elapsed,
+        p50_ms=percentile(latencies, 0.50),
+        p99_ms=percentile(latencies, 0.99),
+        calls=len(latencies),
+    )
+
+
+async def load_all(
+    engine: Server, gateway: Server, args: argparse.Namespace
+) -> dict[tuple[str, int], LoadResult]:
+    """Register the engine, create the rollouts, then run every load at every concurrency."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    rollouts = [f"bench-{i}" for i in range(max(args.concurrency))]
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    results: dict[tuple[str, int], LoadResult] = {}
+    # The server key goes with every call (the engine ignores it), so both paths send the same bytes.
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+        models = [{"model": SERVED_MODEL, "endpoint": f"{engine.base_url}/v1", "version": 0}]
+        async with session.post(f"{gateway.base_url}/api/models", json=models) as r:
+            if r.status != 201:
+                raise RuntimeError(f"registering the engine -> {r.status}: {await r.text()}")
+        new = [{"input": {}, "rollout_id": rollout} for rollout in rollouts]
+        async with session.post(f"{gateway.base_url}/api/rollouts", json=new) as r:
+            if r.status != 201:
+                raise RuntimeError(f"creating rollouts -> {r.status}: {await r.text()}")
+        plain, streamed = chat_body(args, stream=False), chat_body(args, stream=True)
+        for concurrency in args.concurrency:
+            proxy_urls = [
+                f"{gateway.base_url}/proxy/rollout/{r}/attempt/0/mode/train/openai/v1/chat/completions"
+                for r in rollouts[:concurrency]
+            ]
+            direct_urls = [f"{engine.base_url}/v1/chat/completions"] * concurrency
+            results["direct", concurrency] = await measure(session, direct_urls, plain, False, args)
+            results["proxy", concurrency] = await measure(session, proxy_urls, plain, False, args)
+            results["proxy stream", concurrency] = await measure(session, proxy_urls, streamed, True, args)
+    return results
+
+
+def run_once(args: argparse.Namespace) -> dict[tuple[str, int], LoadResult]:
+    with tempfile.TemporaryDirectory(prefix="keraunos-proxy-bench-") as tmp:
+        workdir = Path(tmp)
+        engine_args = [
+            "engine-mock",
+            "--served-model-name",
+            SERVED_MODEL,
+            "--latency-ms",
+            str(args.engine_latency_ms),
+        ]
+        engine = Server("engine-mock", args.client_cpus, engine_args, "/health", workdir / "engine.log")
+        try:
+            gateway_args = [
+                "gateway",
+                "--key",
+                KEY,
+                "--db",
+                str(workdir / "ledger.db"),
+                "--served-model",
+                SERVED_MODEL,
+                "--durability",
+                args.durability,
+                "--log-level",
+                "warning",
+            ]
+            gateway = Server("gateway", args.server_cpus, gateway_args, "/healthz", workdir / "gateway.log")
+            try:
+                return asyncio.run(load_all(engine, gateway, args))
+            finally:
+                gateway.stop()
+        finally:
+            engine.stop()
+
+
+def cpu_set(cpus: str) -> set[int]:
+    """The CPUs of a taskset list such as "1" or "0,2-3"."""
+    result: set[int] = set()
+    for part in cpus.split(","):
+        first, _, last = part.partition("-")
+        result.update(range(int(first), int(last or first) + 1))
+    return result
+
+
+def cell(values: list[float], digits: int = 1) -> str:
+    """min / median / max."""
+    return " / ".join(f"{v:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
+
+
+def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespace) -> None:
+    print(
+        f"proxy benchmark: prompt {args.prompt_words} words, max_tokens {args.max_tokens} (ignore_eos), "
+        f"logprobs, engine latency {args.engine_latency_ms} ms, durability {args.durability}, "
+        f"{args.duration} s per load after {args.warmup} s warm-up, {len(runs)} run(s); "
+        f"gateway on CPU {args.server_cpus}, engine + client on CPU {args.client_cpus}"
+    )
+    print("cells: min / median / max over runs\n")
+    rows = [["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]]
+    for concurrency in args.concurrency:
+        for load in LOADS:
+            results = [run[load, concurrency] for run in runs]
+            if not all(r.supported for r in results):
+                rows.append([load, str(concurrency), "not supported (the gateway answers 400)"])
+                continue
+            added50 = added99 = "-"
+            if load != "direct":
+                direct = [run["direct", concurrency] for run in runs]
+                added50 = cell([r.p50_ms - d.p50_ms for r, d in zip(results, direct, strict=True)], 2)
+                added99 = cell([r.p99_ms - d.p99_ms for r, d in zip(results, direct, strict=True)], 2)
+            rows.append(
+                [
+                    load,
+                    str(concurrency),
+                    cell([r.calls_per_s for r in results]),
+                    cell([r.p50_ms for r in results], 2),
+                    cell([r.p99_ms for r in results], 2),
+                    added50,
+                    added99,
+                ]
+            )
+    columns = len(rows[0])  # a "not supported" row fills only load and conc (i < 2) to the widths
+    widths = [max(len(row[i]) for row in rows if len(row) == columns or i < 2) for i in range(columns)]
+    for number, row in enumerate(rows):
+        cells = [
+            text.rjust(width) if i else text.ljust(width)
+            for i, (text, width) in enumerate(zip(row, widths, strict=False))
+        ]
+        if len(row) < len(widths):  # the "not supported" line runs across the remaining columns
+            cells[-1] = row[-1]
+        print("  ".join(cells).rstrip())
+        if number == 0:
+            print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=3, help="fresh engine + gateway starts (default 3)")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per load (default 10)")
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="unmeasured seconds before each load (default 1)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=lambda s: [int(c) for c in s.split(",")],
+        default=[1, 16, 64],
+        help="comma-separated concurrent agents (default 1,16,64)",
+    )
+    parser.add_argument("--prompt-words", type=int, default=1024, help="prompt words = tokens (default 1024)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="response tokens per call (default 128)")
+    parser.add_argument(
+        "--engine-latency-ms", type=float, default=0.0, help="engine time to first token (default 0)"
+    )
+    parser.add_argument(
+        "--durability",
+        choices=("normal", "full"),
+        default="normal",
+        help="gateway --durability (default normal)",
+    )
+    parser.add_argument("--server-cpus", default="0", help="taskset CPU list of the gateway (default 0)")
+    default_client = "1" if (os.cpu_count() or 1) > 1 else "0"
+    parser.add_argument(
+        "--client-cpus",
+        default=default_client,
+        help=f"taskset CPU list of this client and the engine (default {default_client})",
+    )
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpu_set(args.client_cpus))
+    runs = []
+    for run in range(args.runs):
+        print(f"run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+        runs.append(run_once(args))
+    report(runs, args)
+
+
+if __name__ == "__main__":
+    main()
