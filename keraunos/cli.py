@@ -7,9 +7,7 @@ is a flag with its default and environment variable in `--help`, and nothing is 
 
 from __future__ import annotations
 
-import inspect
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args, get_origin
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -49,61 +47,17 @@ def gateway(ctx: typer.Context) -> None:
 
 def _gateway_app() -> typer.Typer:
     """A one-command typer app whose options are the fields of `GatewayConfig` plus `--config`."""
-    from keraunos.gateway.config import GatewayConfig, env_var
+    from keraunos._settings_cli import settings_command
+    from keraunos.gateway.config import GatewayConfig
 
-    params: list[inspect.Parameter] = []
-    for name, field in GatewayConfig.model_fields.items():
-        # Values arrive as text and are validated by GatewayConfig, so a bad value gets the same
-        # one-line error whether it came from a flag, the environment or the YAML file.
-        option = typer.Option(
-            None,
-            "--" + name.replace("_", "-"),
-            help=f"{field.description} [default: {field.default!r}] [env: {env_var(name)}]",
-            metavar=_metavar(field.annotation),
-            show_default=False,
-        )
-        params.append(
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str | None)
-        )
-    config_option = typer.Option(
-        None,
-        "--config",
-        help="YAML file mapping config field names to values (below flags and env vars in precedence).",
-        metavar="FILE.yaml",
-        show_default=False,
-    )
-    params.append(
-        inspect.Parameter(
-            "config", inspect.Parameter.KEYWORD_ONLY, default=config_option, annotation=Path | None
-        )
-    )
-
-    def run(**values: Any) -> None:
-        from keraunos.gateway.config import ConfigError
-
-        config_file: Path | None = values.pop("config")
-        try:
-            config = GatewayConfig.load(values, config_file)
-        except ConfigError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-        raise typer.Exit(serve_gateway(config))
-
-    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    run.__doc__ = (
-        "Run the gateway. Precedence: flag > environment variable > --config file > default. "
+    return settings_command(
+        GatewayConfig,
+        name="gateway",
+        doc="Run the gateway. Precedence: flag > environment variable > --config file > default. "
         "The SQLite ledger (--db) is opened before the port is bound; a second gateway on the same "
-        "file exits with status 1."
+        "file exits with status 1.",
+        run=serve_gateway,
     )
-    gateway_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-    gateway_app.command(name="gateway")(run)
-    return gateway_app
-
-
-def _metavar(annotation: Any) -> str:
-    if get_origin(annotation) is not None and all(isinstance(a, str) for a in get_args(annotation)):
-        return "[" + "|".join(get_args(annotation)) + "]"
-    return {int: "INTEGER", float: "FLOAT"}.get(annotation, "TEXT")
 
 
 def serve_gateway(config: GatewayConfig) -> int:

@@ -6,12 +6,14 @@ file (`--config FILE.yaml`, a mapping with the same field names) > the default b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from keraunos._settings import ConfigError, LayeredSettings
+
+__all__ = ["ConfigError", "GatewayConfig", "env_var"]
 
 ENV_PREFIX = "KERAUNOS_GATEWAY_"
 
@@ -19,11 +21,7 @@ Durability = Literal["normal", "full"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
 
-class ConfigError(Exception):
-    """The configuration cannot be used; the message is one line that names the culprit."""
-
-
-class GatewayConfig(BaseSettings):
+class GatewayConfig(LayeredSettings):
     """Everything the gateway needs to start; every field is a CLI flag, an env var and a YAML key."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
@@ -108,81 +106,6 @@ class GatewayConfig(BaseSettings):
     def _lowercase(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # No .env or secrets-dir magic: a value comes from the caller, the environment or a default.
-        return (init_settings, env_settings)
 
-    @classmethod
-    def load(
-        cls, overrides: Mapping[str, Any] | None = None, config_file: Path | None = None
-    ) -> GatewayConfig:
-        """Build the config from CLI `overrides` (None values ignored), the environment and a YAML file.
-
-        Raises `ConfigError` with a one-line message naming the field and where its value came from.
-        """
-        origins: dict[str, str] = {}
-        values: dict[str, Any] = {}
-        if config_file is not None:
-            for name, value in read_yaml_config(config_file).items():
-                values[name] = value
-                origins[name] = f"{config_file}"
-        for name, value in EnvSettingsSource(cls)().items():
-            values[name] = value
-            origins[name] = env_var(name)
-        for name, value in (overrides or {}).items():
-            if value is not None:
-                values[name] = value
-                origins[name] = "--" + name.replace("_", "-")
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            raise ConfigError(_describe(exc, values, origins)) from None
-
-
-def env_var(field: str) -> str:
-    """The environment variable that sets `field`."""
-    return ENV_PREFIX + field.upper()
-
-
-def read_yaml_config(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML config file; raises `ConfigError` for a bad file or an unknown key."""
-    import yaml
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise ConfigError(f"config file {path} is not valid YAML: {first_line}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of field names, not {type(data).__name__}")
-    known = GatewayConfig.model_fields
-    for name in data:
-        if name not in known:
-            raise ConfigError(
-                f"unknown key {name!r} in config file {path}; known keys: {', '.join(sorted(known))}"
-            )
-    return data
-
-
-def _describe(exc: ValidationError, values: Mapping[str, Any], origins: Mapping[str, str]) -> str:
-    """One line for the first validation error: which field, what value, from where, what is wrong."""
-    error = exc.errors(include_url=False)[0]
-    field = str(error["loc"][0]) if error["loc"] else "?"
-    if field in values:
-        where = origins.get(field, "?")
-        return f"invalid value {values[field]!r} for {field} (from {where}): {error['msg']}"
-    return f"invalid configuration for {field}: {error['msg']}"
+#: The environment variable that sets a field, e.g. `env_var("port")` -> KERAUNOS_GATEWAY_PORT.
+env_var = GatewayConfig.env_var

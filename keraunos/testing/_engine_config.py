@@ -6,13 +6,12 @@ Precedence, highest first: CLI flag > environment variable (`KERAUNOS_ENGINE_<FI
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
+from keraunos._settings import ConfigError, LayeredSettings
 from keraunos.testing._engine_faults import parse_schedule
 
 ENV_PREFIX = "KERAUNOS_ENGINE_"
@@ -21,11 +20,11 @@ ErrorStyle = Literal["flat", "nested"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
 
-class EngineConfigError(Exception):
-    """The configuration cannot be used; the message is one line that names the culprit."""
+#: Kept as the engine's name for the shared configuration error.
+EngineConfigError = ConfigError
 
 
-class EngineConfig(BaseSettings):
+class EngineConfig(LayeredSettings):
     """Everything the vLLM stand-in needs; every field is a CLI flag, an env var and a YAML key."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
@@ -141,71 +140,6 @@ class EngineConfig(BaseSettings):
         """The served model names, in the order given."""
         return tuple(name.strip() for name in self.served_model_name.split(",") if name.strip())
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings)
 
-    @classmethod
-    def load(
-        cls, overrides: Mapping[str, Any] | None = None, config_file: Path | None = None
-    ) -> EngineConfig:
-        """Build the config from CLI `overrides` (None values ignored), the environment and a YAML file.
-
-        Raises `EngineConfigError` with a one-line message naming the field and where its value came from.
-        """
-        origins: dict[str, str] = {}
-        values: dict[str, Any] = {}
-        if config_file is not None:
-            for name, value in _read_yaml(config_file).items():
-                values[name] = value
-                origins[name] = str(config_file)
-        for name, value in EnvSettingsSource(cls)().items():
-            values[name] = value
-            origins[name] = env_var(name)
-        for name, value in (overrides or {}).items():
-            if value is not None:
-                values[name] = value
-                origins[name] = "--" + name.replace("_", "-")
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            error = exc.errors(include_url=False)[0]
-            field = str(error["loc"][0]) if error["loc"] else ""
-            if field in values:
-                raise EngineConfigError(
-                    f"invalid value {values[field]!r} for {field} (from {origins[field]}): {error['msg']}"
-                ) from None
-            raise EngineConfigError(f"invalid configuration: {error['msg']}") from None
-
-
-def env_var(field: str) -> str:
-    """The environment variable that sets `field`."""
-    return ENV_PREFIX + field.upper()
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise EngineConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
-        raise EngineConfigError(f"config file {path} is not valid YAML: {first_line}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise EngineConfigError(f"config file {path} must hold a mapping of field names")
-    for name in data:
-        if name not in EngineConfig.model_fields:
-            known = ", ".join(sorted(EngineConfig.model_fields))
-            raise EngineConfigError(f"unknown key {name!r} in config file {path}; known keys: {known}")
-    return data
+#: The environment variable that sets a field, e.g. `env_var("port")` -> KERAUNOS_ENGINE_PORT.
+env_var = EngineConfig.env_var
