@@ -60,18 +60,24 @@ class LeanRoute(APIRoute):
         ):
             self.lean_handler = None
             return super().get_route_handler()
-        endpoint = self.endpoint
-        names = tuple(param.name for param in dependant.path_params)
+        self.lean_handler = id_checked(self.endpoint, tuple(param.name for param in dependant.path_params))
+        return self.lean_handler
 
-        async def handler(request: Request) -> Response:
-            params = request.path_params
-            for name in names:
-                if ID_RE.fullmatch(params[name]) is None:
-                    raise RequestValidationError([_id_error(name, params[name])])
-            return await endpoint(request, **params)
 
-        self.lean_handler = handler
-        return handler
+def id_checked(
+    endpoint: Callable[..., Coroutine[Any, Any, Response]], names: tuple[str, ...]
+) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    """A request-only handler calling `endpoint(request, **path_params)` once the path parameters
+    `names` match `ID_PATTERN` (422 naming the first that does not)."""
+
+    async def handler(request: Request) -> Response:
+        params = request.path_params
+        for name in names:
+            if ID_RE.fullmatch(params[name]) is None:
+                raise RequestValidationError([_id_error(name, params[name])])
+        return await endpoint(request, **params)
+
+    return handler
 
 
 def _id_error(name: str, value: str) -> dict[str, Any]:

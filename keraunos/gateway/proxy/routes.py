@@ -18,13 +18,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 
-from keraunos.gateway.api._common import LeanRoute, _id_error, _raw_body, dump_json
+from keraunos.gateway.api._common import LeanRoute, _raw_body, dump_json, id_checked
 from keraunos.gateway.proxy.record import MODEL_REQUEST, loads, model_request_data
 from keraunos.gateway.proxy.shaping import shape_request
 from keraunos.gateway.proxy.state import ProxyState
 from keraunos.gateway.proxy.upstream import Answer, Failure, call_upstream
 from keraunos.ledger.errors import LedgerUnavailable, RolloutNotFound
-from keraunos.protocol import ID_RE
 
 log = structlog.get_logger("keraunos.gateway.proxy")
 
@@ -41,20 +40,11 @@ class ProxyRoute(LeanRoute):
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint = self.endpoint
         names = tuple(
             param.name for param in self.dependant.path_params if param.name in ("rollout_id", "attempt_id")
         )
-
-        async def handler(request: Request) -> Response:
-            params = request.path_params
-            for name in names:
-                if ID_RE.fullmatch(params[name]) is None:
-                    raise RequestValidationError([_id_error(name, params[name])])
-            return await endpoint(request, **params)
-
-        self.lean_handler = handler
-        return handler
+        self.lean_handler = id_checked(self.endpoint, names)
+        return self.lean_handler
 
 
 router = APIRouter(prefix="/proxy", tags=["proxy"], route_class=ProxyRoute)
