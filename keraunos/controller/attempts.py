@@ -1,0 +1,102 @@
+"""The attempt protocol of a keraunos gateway as a work source: claim, heartbeat, finish.
+
+The gateway picks what to run, allocates attempt ids, grants and judges leases, mints each
+attempt's agent token and applies the retry policy; this side asks for as many rollouts as it
+has room for, renews the leases of running attempts, and says how each ended (uploading its log
+first, so the log is there when the attempt shows as ended). Several controllers can share one
+gateway: a rollout is never handed to two claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from keraunos.controller.client import GatewayClient, GatewayError, GatewayUnreachable
+from keraunos.controller.runners.local import read_log_tail
+from keraunos.controller.work import Assignment, Ending
+
+log = structlog.get_logger("keraunos.controller")
+
+SUPERSEDED_REASON = "the attempt is no longer current (its rollout ended, or its lease was lost)"
+
+
+class AttemptsSource:
+    """Claims rollouts under leases of `lease_s` seconds, renewed every `renew_interval_s`.
+
+    `agent_keys` says whether agents get their attempt's token (the gateway has auth on) or
+    `unused` (it has none).
+    """
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        *,
+        controller_id: str,
+        lease_s: float,
+        renew_interval_s: float,
+        agent_keys: bool,
+        log_upload_max_bytes: int,
+    ) -> None:
+        self.client = client
+        self.controller_id = controller_id
+        self.lease_s = lease_s
+        self.renew_interval_s = renew_interval_s
+        self.agent_keys = agent_keys
+        self.log_upload_max_bytes = log_upload_max_bytes
+
+    async def take(self, count: int) -> list[Assignment]:
+        """Claim up to `count` rollouts; each comes with a new attempt and its agent token."""
+        claimed = await self.client.claim(self.controller_id, count, self.lease_s)
+        return [
+            Assignment(
+                rollout=item["rollout"],
+                attempt_id=item["attempt_id"],
+                agent_key=(item.get("agent_token") or "") if self.agent_keys else "",
+            )
+            for item in claimed
+        ]
+
+    async def renew(self, live: list[Assignment]) -> dict[tuple[str, str], str]:
+        """Heartbeat every live attempt at once; those the gateway no longer counts as current must stop."""
+        results = await asyncio.gather(
+            *(self.client.heartbeat(a.rollout_id, a.attempt_id, self.controller_id) for a in live),
+            return_exceptions=True,
+        )
+        to_stop: dict[tuple[str, str], str] = {}
+        for assignment, result in zip(live, results, strict=True):
+            if isinstance(result, GatewayError | GatewayUnreachable):
+                log.warning("heartbeat failed", rollout_id=assignment.rollout_id, error=str(result))
+            elif isinstance(result, BaseException):
+                raise result
+            elif not result:
+                to_stop[(assignment.rollout_id, assignment.attempt_id)] = SUPERSEDED_REASON
+        return to_stop
+
+    async def report(self, rollout_id: str, attempt_id: str, ending: Ending, log_path: Path | None) -> None:
+        """Upload the attempt's log (its tail), then finish the attempt with its outcome."""
+        if log_path is not None and self.log_upload_max_bytes > 0:
+            await self.client.put_logs(
+                rollout_id, attempt_id, read_log_tail(log_path, self.log_upload_max_bytes)
+            )
+        # Without controller_id: a restarted controller reports what its crashed predecessor claimed.
+        answer = await self.client.finish(
+            rollout_id,
+            attempt_id,
+            outcome=ending.outcome,
+            exit_code=ending.exit_code,
+            reason=ending.reason,
+            controller_id=None,
+        )
+        if answer is None:
+            log.info("attempt had already ended", rollout_id=rollout_id, attempt_id=attempt_id)
+        else:
+            log.info(
+                "attempt finished",
+                rollout_id=rollout_id,
+                attempt_id=attempt_id,
+                outcome=ending.outcome,
+                rollout_state=answer["rollout"]["status"]["state"],
+            )

@@ -1,0 +1,145 @@
+"""The controller's typed configuration: one field per knob, from CLI flags, environment or YAML.
+
+Precedence, highest first: CLI flag > environment variable (`KERAUNOS_CONTROLLER_<FIELD>`) > YAML
+file (`--config FILE.yaml`, a mapping with the same field names) > the default below.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from keraunos._settings import ConfigError, LayeredSettings
+
+__all__ = ["ConfigError", "ControllerConfig"]
+
+ENV_PREFIX = "KERAUNOS_CONTROLLER_"
+
+Runner = Literal["local"]
+ProtocolChoice = Literal["auto", "attempts", "v1"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+class ControllerConfig(LayeredSettings):
+    """Everything `keraunos controller` needs; every field is a CLI flag, an env var and a YAML key."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    gateway: str = Field(
+        default="http://127.0.0.1:8000",
+        description="Base URL of the gateway (or Agent Lightning v1.0 server).",
+    )
+    key: str = Field(
+        default="",
+        description="Server key of the gateway. Agents never see it when the gateway mints agent tokens.",
+    )
+    agent_gateway: str = Field(
+        default="",
+        description="Gateway base URL as the agents must reach it, when it differs from --gateway. "
+        "Empty: the same as --gateway.",
+    )
+    runner: Runner = Field(default="local", description="Where agents run: 'local' (subprocesses).")
+    protocol: ProtocolChoice = Field(
+        default="auto",
+        description="'attempts': claim/heartbeat/finish (keraunos gateway); 'v1': list-and-patch, for an "
+        "Agent Lightning v1.0 server (one controller only); 'auto': 'attempts' when GET /api/info "
+        "lists it, else 'v1'.",
+    )
+    controller_id: str = Field(
+        default="",
+        description="Name this controller gives the gateway when it claims. Empty: host name and process id.",
+    )
+    pool_size: int = Field(default=16, ge=1, description="Most agents running at the same time.")
+    poll_interval_s: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="Seconds between looks for new work; also bounds how late an agent whose rollout was "
+        "ended by someone else is stopped.",
+    )
+    lease_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Lease asked for each claimed attempt; heartbeats renew it every lease/3 (or every "
+        "poll, if that is shorter). An attempt whose lease runs out is finished as 'lost' by the gateway.",
+    )
+    default_timeout_s: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description="Timeout of an attempt whose rollout leaves config.timeout_seconds at the protocol's "
+        "default (3600); a rollout that sets another value wins.",
+    )
+    grace_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description="Between SIGTERM and SIGKILL when an agent's process group is stopped.",
+    )
+    agent_class: str = Field(
+        default="",
+        description="Python agent 'module:Class' for rollouts whose config.local names neither an "
+        "agent_class nor a command.",
+    )
+    command: str = Field(
+        default="",
+        description="Agent command line (split like a shell does) for rollouts whose config.local names "
+        "neither an agent_class nor a command.",
+    )
+    log_dir: str = Field(
+        default=".keraunos/controller/logs",
+        description="Where each attempt's stdout/stderr is written (LOG_DIR/ROLLOUT/ATTEMPT.log).",
+    )
+    state_dir: str = Field(
+        default=".keraunos/controller/state",
+        description="Where the runner records the process groups it started, so a restarted controller "
+        "stops what a crashed one left behind. One controller per state directory.",
+    )
+    log_upload_max_bytes: int = Field(
+        default=10 * 1024 * 1024,
+        ge=0,
+        description="Most bytes of an attempt's log uploaded to the gateway (the tail is kept).",
+    )
+    request_timeout_s: float = Field(default=30.0, gt=0.0, description="Timeout of one gateway request.")
+    log_level: LogLevel = Field(default="info", description="Least severe log level written to stderr.")
+
+    @field_validator("log_level", "protocol", "runner", mode="before")
+    @classmethod
+    def _lowercase(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("gateway", "agent_gateway")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("command")
+    @classmethod
+    def _splits(cls, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into arguments: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_default_agent(self) -> ControllerConfig:
+        if self.agent_class and self.command:
+            raise ValueError("set at most one of agent_class and command")
+        return self
+
+    @property
+    def agents_reach_gateway_at(self) -> str:
+        """The gateway base URL written into the agents' environment."""
+        return self.agent_gateway or self.gateway
+
+    @property
+    def command_argv(self) -> list[str]:
+        """`command` split into arguments (empty when unset)."""
+        return shlex.split(self.command)
+
+
+#: The environment variable that sets a field, e.g. `env_var("pool_size")` -> KERAUNOS_CONTROLLER_POOL_SIZE.
+env_var = ControllerConfig.env_var

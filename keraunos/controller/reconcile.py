@@ -1,0 +1,216 @@
+"""The reconcile loop: take work while the pool has room, run each attempt, report how it ended.
+
+The gateway holds the truth; the loop keeps only its live agents. Each tick it takes as many
+assignments as the pool has free slots; each agent gets a supervisor task that waits for it (or
+its timeout, or a stop request), reports its ending and frees its slot, which wakes the loop at
+once. A second task renews the live assignments (heartbeats) and stops agents whose attempt the
+source says is over (superseded, rollout ended by someone else). On startup the attempts a crashed
+controller left in the state directory are stopped and reported; on shutdown every agent is
+stopped and its attempt reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from keraunos.controller.client import GatewayError, GatewayUnreachable
+from keraunos.controller.launch import Launch
+from keraunos.controller.runners._state import AgentRecord
+from keraunos.controller.runners.local import LocalAgent, LocalRunner, read_log_tail
+from keraunos.controller.work import Assignment, Ending, WorkSource, ending_of
+
+log = structlog.get_logger("keraunos.controller")
+
+#: Reason reported for agents stopped because the controller is shutting down.
+SHUTDOWN_REASON = "the controller shut down before the agent finished; its process group was stopped"
+#: Reason reported for agents a crashed controller left behind.
+LEFTOVER_REASON = (
+    "the controller running this agent stopped without reporting it; a restarted controller "
+    "stopped its process group"
+)
+#: Bytes of an agent's log read to find the last line for a failure reason.
+_REASON_TAIL_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop's knobs: pool size, poll interval, and how long a failed report is retried."""
+
+    pool_size: int
+    poll_interval_s: float
+    report_retry_s: float
+
+
+class Reconciler:
+    """Runs assignments from `source` on `runner`, at most `pool_size` at a time.
+
+    `plan` turns an assignment into the process to start; a `ValueError` it raises (a missing
+    env_map path, no agent named) fails the attempt with that message as its reason.
+    """
+
+    def __init__(
+        self,
+        source: WorkSource,
+        runner: LocalRunner,
+        plan: Callable[[Assignment], Launch],
+        settings: LoopSettings,
+    ) -> None:
+        self.source = source
+        self.runner = runner
+        self.plan = plan
+        self.settings = settings
+        self._live: dict[tuple[str, str], tuple[Assignment, LocalAgent]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+
+    @property
+    def live_count(self) -> int:
+        """Attempts started and not yet reported."""
+        return len(self._tasks)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile until `stop` is set, then stop every agent and report its attempt."""
+        await self._report_leftovers()
+        renewer = asyncio.create_task(self._renew_loop(stop))
+        try:
+            while not stop.is_set():
+                free = self.settings.pool_size - self.live_count
+                taken = await self._take(free) if free > 0 else 0
+                if 0 < free == taken:
+                    continue  # the source may hold more: ask again at once
+                await _first_of(stop, self._slot_freed, within_s=self.settings.poll_interval_s)
+                self._slot_freed.clear()
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            await self._shutdown()
+
+    async def _take(self, count: int) -> int:
+        try:
+            assignments = await self.source.take(count)
+        except (GatewayError, GatewayUnreachable) as exc:
+            log.warning("cannot take work", error=str(exc))
+            return 0
+        for assignment in assignments:
+            await self._start(assignment)
+        return len(assignments)
+
+    async def _start(self, assignment: Assignment) -> None:
+        rollout_id, attempt_id = assignment.rollout_id, assignment.attempt_id
+        try:
+            launch = self.plan(assignment)
+            agent = await self.runner.start(launch)
+        except ValueError as exc:  # LaunchError, EnvMapError
+            log.warning("cannot start agent", rollout_id=rollout_id, attempt_id=attempt_id, reason=str(exc))
+            log_path = self.runner.log_path(rollout_id, attempt_id)
+            _append(log_path, f"keraunos controller: {exc}\n")
+            record = AgentRecord(rollout_id, attempt_id, str(log_path), time.time())
+            self._spawn(self._report_and_forget(record, Ending("failed", None, str(exc))))
+            return
+        self._live[(rollout_id, attempt_id)] = (assignment, agent)
+        self._spawn(self._supervise(assignment, agent))
+
+    def _spawn(self, coroutine: object) -> None:
+        task = asyncio.ensure_future(coroutine)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slot_freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed", exc_info=task.exception())
+
+    async def _supervise(self, assignment: Assignment, agent: LocalAgent) -> None:
+        key = (assignment.rollout_id, assignment.attempt_id)
+        try:
+            exit = await agent.wait()
+        finally:
+            self._live.pop(key, None)
+        ending = ending_of(exit, agent.launch.timeout_s, read_log_tail(agent.log_path, _REASON_TAIL_BYTES))
+        log.info(
+            "agent ended",
+            rollout_id=key[0],
+            attempt_id=key[1],
+            outcome=ending.outcome,
+            exit_code=ending.exit_code,
+            reason=ending.reason,
+        )
+        await self._report_and_forget(agent.record, ending)
+
+    async def _report_and_forget(self, record: AgentRecord, ending: Ending) -> None:
+        """Report the ending, retrying while the gateway is unreachable or failing, then drop the record."""
+        deadline = time.monotonic() + self.settings.report_retry_s
+        delay = 0.1
+        while True:
+            try:
+                await self.source.report(record.rollout_id, record.attempt_id, ending, Path(record.log_path))
+                break
+            except (GatewayError, GatewayUnreachable) as exc:
+                if time.monotonic() + delay > deadline:
+                    # The record stays: a restarted controller reports the attempt as lost.
+                    log.error(
+                        "giving up reporting an attempt",
+                        rollout_id=record.rollout_id,
+                        attempt_id=record.attempt_id,
+                        error=str(exc),
+                    )
+                    return
+                log.warning("report failed; retrying", rollout_id=record.rollout_id, error=str(exc))
+                await asyncio.sleep(delay * random.uniform(0.75, 1.25))
+                delay = min(delay * 2, 5.0)
+        self.runner.forget(record)
+
+    async def _renew_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await _first_of(stop, within_s=self.source.renew_interval_s)
+            live = [assignment for assignment, _ in self._live.values()]
+            if not live or stop.is_set():
+                continue
+            try:
+                to_stop = await self.source.renew(live)
+            except (GatewayError, GatewayUnreachable) as exc:
+                log.warning("cannot renew attempts", error=str(exc))
+                continue
+            for key, reason in to_stop.items():
+                entry = self._live.get(key)
+                if entry is not None:
+                    entry[1].request_stop(reason)
+
+    async def _report_leftovers(self) -> None:
+        leftovers = await self.runner.stop_leftovers()
+        await asyncio.gather(
+            *(self._report_and_forget(record, Ending("lost", None, LEFTOVER_REASON)) for record in leftovers)
+        )
+
+    async def _shutdown(self) -> None:
+        for _, agent in list(self._live.values()):
+            agent.request_stop(SHUTDOWN_REASON)
+        if self._tasks:
+            log.info("stopping agents", count=len(self._live))
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+async def _first_of(*events: asyncio.Event, within_s: float) -> None:
+    """Wait until any of `events` is set or `within_s` seconds pass."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def _append(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as file:
+        file.write(text)

@@ -1,0 +1,1 @@
+"""Runners: where agents run. `local` starts them as process groups on this machine."""
