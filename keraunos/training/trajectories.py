@@ -1,0 +1,321 @@
+"""Completed rollouts to training rows: exact trajectory merging, padding, masks (pure NumPy).
+
+Two levels:
+- `transition`: one row per call (its prompt, its response).
+- `trajectory`: consecutive calls of a rollout share one row while each call's prompt starts,
+  token id for token id, with the previous call's prompt + response. The ids in between (tool
+  output, user turns, chat-template glue) join the response with mask 0 and log prob 0; the next
+  call's response follows with mask 1. A prompt that does not continue the row (a *break*) starts a
+  new row, and the break is classified and counted (`MergeBreak`).
+
+Every row is a left-padded prompt of `max_prompt_len` followed by a right-padded response of
+`max_response_len`. A prompt over its limit drops the row (a cut prompt is not what the model saw);
+a response over its limit is cut, and the cut is counted. Rows with no trainable token are skipped.
+A row keeps its old log probs only when every call in it has one finite log prob per response
+token; otherwise `logprobs_valid` is False and the row's `old_logprobs` are 0. Each row carries its
+rollout's reward at its last response token.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from keraunos.training._data import CompletedRollout, Triplet
+
+Level = Literal["transition", "trajectory"]
+BreakKind = Literal["retokenization", "template", "rewrite", "unclassified"]
+BREAK_KINDS: tuple[BreakKind, ...] = ("retokenization", "template", "rewrite", "unclassified")
+
+#: Ids decoded before the first difference, so a break's texts start on a stable token boundary.
+_BREAK_CONTEXT = 8
+
+
+class Tokenizer(Protocol):
+    """Anything that decodes ids to text (a Hugging Face tokenizer qualifies)."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of `token_ids`."""
+        ...
+
+
+class TrajectoryConfig(BaseModel):
+    """How rollouts become rows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: Level = Field(
+        default="trajectory", description="`transition`: a row per call; `trajectory`: merged."
+    )
+    max_prompt_len: int = Field(default=4096, ge=1, description="Prompt ids per row (left-padded).")
+    max_response_len: int = Field(default=4096, ge=1, description="Response ids per row (right-padded).")
+    pad_token_id: int = Field(default=0, description="Id written into padding positions.")
+
+
+@dataclass(frozen=True, slots=True)
+class MergeBreak:
+    """A call whose prompt did not continue the previous call's prompt + response.
+
+    `kind`: `retokenization` (decoded texts agree, ids do not), `template` (texts agree but for
+    whitespace), `rewrite` (the history changed: truncation, summarisation, an edited turn) or,
+    without a tokenizer, `rewrite` when the difference lies before the previous response and
+    `unclassified` otherwise. `shared_prefix` counts the ids both have in common. The texts, decoded
+    from a few ids before the difference, are None without a tokenizer.
+    """
+
+    rollout_id: str
+    call_index: int
+    kind: BreakKind
+    shared_prefix: int
+    expected_text: str | None = None
+    actual_text: str | None = None
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Training rows as plain NumPy arrays (N rows, P = max_prompt_len, R = max_response_len).
+
+    `input_ids`, `attention_mask`, `position_ids`: (N, P + R), prompt left-padded then response
+    right-padded. `response_mask`: (N, R), 1 exactly on model-generated ids. `token_rewards`: (N, R),
+    the rollout's reward at the row's last response id. `old_logprobs`: (N, R), 0 where masked or
+    where `logprobs_valid` (N,) is False. `rewards`, `rollout_index` (into the rollouts given),
+    `first_call`, `n_calls`: (N,). `rollout_ids`, `data_ids`: (N,) object arrays of str.
+    """
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    position_ids: np.ndarray
+    response_mask: np.ndarray
+    token_rewards: np.ndarray
+    old_logprobs: np.ndarray
+    logprobs_valid: np.ndarray
+    rewards: np.ndarray
+    rollout_index: np.ndarray
+    first_call: np.ndarray
+    n_calls: np.ndarray
+    rollout_ids: np.ndarray
+    data_ids: np.ndarray
+    prompt_len: int
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class BuildResult:
+    """The rows, every merge break, and counters (`rows`, `calls`, `breaks_<kind>`, drops, cuts)."""
+
+    rows: Rows
+    breaks: list[MergeBreak]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Draft:
+    """A row being built: its prompt and its response pieces (ids, trainable?, log probs)."""
+
+    prompt: np.ndarray
+    first_call: int
+    pieces: list[tuple[np.ndarray, bool, np.ndarray | None]] = field(default_factory=list)
+    n_calls: int = 0
+
+    def add_call(self, triplet: Triplet, gap: np.ndarray | None) -> None:
+        if gap is not None and gap.size:
+            self.pieces.append((gap, False, None))
+        self.pieces.append((triplet.response_ids, True, triplet.logprobs))
+        self.n_calls += 1
+
+
+def build_rows(
+    rollouts: Sequence[CompletedRollout], config: TrajectoryConfig, tokenizer: Tokenizer | None = None
+) -> BuildResult:
+    """Rows of every rollout, in rollout order, with merge breaks and counters.
+
+    With a tokenizer, each break carries both decoded texts and a text-based kind.
+    """
+    counts: Counter[str] = Counter()
+    breaks: list[MergeBreak] = []
+    drafts: list[tuple[int, _Draft]] = []
+    for index, rollout in enumerate(rollouts):
+        counts["calls"] += len(rollout.triplets)
+        for draft in _drafts(rollout, config.level, tokenizer, breaks):
+            drafts.append((index, draft))
+    for merge_break in breaks:
+        counts[f"breaks_{merge_break.kind}"] += 1
+    rows = _pack(rollouts, drafts, config, counts)
+    metrics: dict[str, float] = {"rows": float(len(rows)), "rollouts": float(len(rollouts))}
+    metrics["breaks"] = float(len(breaks))
+    for kind in BREAK_KINDS:
+        metrics[f"breaks_{kind}"] = float(counts[f"breaks_{kind}"])
+    for key in (
+        "calls",
+        "prompt_too_long_rows",
+        "truncated_rows",
+        "truncated_tokens",
+        "no_trainable_rows",
+        "logprobs_missing_rows",
+    ):
+        metrics[key] = float(counts[key])
+    return BuildResult(rows, breaks, metrics)
+
+
+def continues(prompt: np.ndarray, previous: Triplet) -> bool:
+    """Whether `prompt` starts exactly with `previous`'s prompt ids followed by its response ids."""
+    n_prompt, n_response = len(previous.prompt_ids), len(previous.response_ids)
+    if len(prompt) < n_prompt + n_response:
+        return False
+    return bool(
+        np.array_equal(prompt[:n_prompt], previous.prompt_ids)
+        and np.array_equal(prompt[n_prompt : n_prompt + n_response], previous.response_ids)
+    )
+
+
+def classify_break(
+    previous: Triplet, prompt: np.ndarray, tokenizer: Tokenizer | None = None
+) -> tuple[BreakKind, int, str | None, str | None]:
+    """(kind, shared prefix, expected text, actual text) of a prompt that does not continue `previous`."""
+    expected = np.concatenate((previous.prompt_ids, previous.response_ids))
+    n = min(len(expected), len(prompt))
+    differ = np.flatnonzero(expected[:n] != prompt[:n])
+    shared = int(differ[0]) if differ.size else n
+    if tokenizer is None:
+        kind: BreakKind = "rewrite" if shared < len(previous.prompt_ids) else "unclassified"
+        return kind, shared, None, None
+    start = max(0, shared - _BREAK_CONTEXT)
+    expected_text = tokenizer.decode(expected[start:].tolist())
+    # Enough of the new prompt to hold the same text even if it tokenises into twice as many ids.
+    window = 2 * (len(expected) - start) + 2 * _BREAK_CONTEXT
+    actual_text = tokenizer.decode(prompt[start : start + window].tolist())
+    if actual_text.startswith(expected_text):
+        kind = "retokenization"
+    elif _squash(actual_text).startswith(_squash(expected_text)):
+        kind = "template"
+    else:
+        kind = "rewrite"
+    return kind, shared, expected_text, actual_text
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def _drafts(
+    rollout: CompletedRollout, level: Level, tokenizer: Tokenizer | None, breaks: list[MergeBreak]
+) -> list[_Draft]:
+    drafts: list[_Draft] = []
+    previous: Triplet | None = None
+    for call_index, triplet in enumerate(rollout.triplets):
+        if level == "trajectory" and previous is not None and drafts:
+            if continues(triplet.prompt_ids, previous):
+                start = len(previous.prompt_ids) + len(previous.response_ids)
+                drafts[-1].add_call(triplet, triplet.prompt_ids[start:])
+                previous = triplet
+                continue
+            kind, shared, expected, actual = classify_break(previous, triplet.prompt_ids, tokenizer)
+            breaks.append(MergeBreak(rollout.rollout_id, call_index, kind, shared, expected, actual))
+        draft = _Draft(prompt=triplet.prompt_ids, first_call=call_index)
+        draft.add_call(triplet, None)
+        drafts.append(draft)
+        previous = triplet
+    return drafts
+
+
+def _pack(
+    rollouts: Sequence[CompletedRollout],
+    drafts: list[tuple[int, _Draft]],
+    config: TrajectoryConfig,
+    counts: Counter[str],
+) -> Rows:
+    """Lay the drafts out into padded arrays, dropping and cutting as the limits say."""
+    p, r = config.max_prompt_len, config.max_response_len
+    kept: list[tuple[int, _Draft, np.ndarray, np.ndarray, np.ndarray | None]] = []
+    for index, draft in drafts:
+        ids = np.concatenate([piece[0] for piece in draft.pieces])
+        mask = np.concatenate([np.full(len(piece[0]), piece[1], dtype=bool) for piece in draft.pieces])
+        if not mask.any():
+            counts["no_trainable_rows"] += 1
+            continue
+        if len(draft.prompt) > p:
+            counts["prompt_too_long_rows"] += 1
+            continue
+        logprobs = _row_logprobs(draft, len(ids))
+        if len(ids) > r:
+            counts["truncated_rows"] += 1
+            counts["truncated_tokens"] += int(mask[r:].sum())
+            ids, mask = ids[:r], mask[:r]
+            logprobs = logprobs[:r] if logprobs is not None else None
+        if not mask.any():
+            counts["no_trainable_rows"] += 1
+            continue
+        if logprobs is None:
+            counts["logprobs_missing_rows"] += 1
+        kept.append((index, draft, ids, mask, logprobs))
+
+    n = len(kept)
+    input_ids = np.full((n, p + r), config.pad_token_id, dtype=np.int64)
+    attention = np.zeros((n, p + r), dtype=np.int8)
+    response_mask = np.zeros((n, r), dtype=np.int8)
+    token_rewards = np.zeros((n, r), dtype=np.float32)
+    old_logprobs = np.zeros((n, r), dtype=np.float32)
+    logprobs_valid = np.zeros(n, dtype=bool)
+    rewards = np.zeros(n, dtype=np.float32)
+    rollout_index = np.zeros(n, dtype=np.int64)
+    first_call = np.zeros(n, dtype=np.int64)
+    n_calls = np.zeros(n, dtype=np.int64)
+    rollout_ids = np.empty(n, dtype=object)
+    data_ids = np.empty(n, dtype=object)
+    for row, (index, draft, ids, mask, logprobs) in enumerate(kept):
+        rollout = rollouts[index]
+        n_prompt, n_response = len(draft.prompt), len(ids)
+        input_ids[row, p - n_prompt : p] = draft.prompt
+        input_ids[row, p : p + n_response] = ids
+        attention[row, p - n_prompt : p + n_response] = 1
+        response_mask[row, :n_response] = mask
+        token_rewards[row, n_response - 1] = rollout.reward
+        if logprobs is not None:
+            old_logprobs[row, :n_response] = np.where(mask, logprobs, 0.0)
+            logprobs_valid[row] = True
+        rewards[row] = rollout.reward
+        rollout_index[row] = index
+        first_call[row] = draft.first_call
+        n_calls[row] = draft.n_calls
+        rollout_ids[row] = rollout.rollout_id
+        data_ids[row] = rollout.group_id
+    position_ids = np.maximum(np.cumsum(attention, axis=1, dtype=np.int64) - 1, 0)
+    return Rows(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=position_ids,
+        response_mask=response_mask,
+        token_rewards=token_rewards,
+        old_logprobs=old_logprobs,
+        logprobs_valid=logprobs_valid,
+        rewards=rewards,
+        rollout_index=rollout_index,
+        first_call=first_call,
+        n_calls=n_calls,
+        rollout_ids=rollout_ids,
+        data_ids=data_ids,
+        prompt_len=p,
+    )
+
+
+def _row_logprobs(draft: _Draft, n: int) -> np.ndarray | None:
+    """The row's log probs (0 on gaps), or None when any call's are missing."""
+    if any(
+        trainable and (logprobs is None or len(logprobs) != len(ids))
+        for ids, trainable, logprobs in draft.pieces
+    ):
+        return None
+    out = np.zeros(n, dtype=np.float32)
+    offset = 0
+    for ids, trainable, logprobs in draft.pieces:
+        if trainable and logprobs is not None:
+            out[offset : offset + len(ids)] = logprobs
+        offset += len(ids)
+    return out
