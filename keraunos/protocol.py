@@ -140,11 +140,140 @@ class Rollout(BaseModel):
     status: RolloutStatus
 
 
+class AttemptState(StrEnum):
+    """Where an attempt is: live (holding a lease) or ended, and how it ended."""
+
+    RUNNING = "running"  # holds a lease; its agent may write
+    FINISHED = "finished"  # ended by `finish` or by the lease sweep; `outcome` says how
+    CANCELLED = "cancelled"  # ended because the rollout was moved to a terminal state by a patch
+
+
+class AttemptOutcome(StrEnum):
+    """How a controller (or the lease sweep, for `lost`) says an attempt ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+
+
+#: Attempts a rollout gets when its `config.max_attempts` is unset (PROTOCOL.md: default 1).
+DEFAULT_MAX_ATTEMPTS = 1
+#: Seconds between a failed attempt and the next claim of its rollout when `retry_backoff_seconds`
+#: is unset.
+DEFAULT_RETRY_BACKOFF_S = 0.0
+
+
+def max_attempts_of(config: RolloutConfig) -> int:
+    """How many attempts the gateway grants a rollout with this config."""
+    return config.max_attempts if config.max_attempts is not None else DEFAULT_MAX_ATTEMPTS
+
+
+def retry_backoff_of(config: RolloutConfig) -> float:
+    """Seconds a rollout with this config waits after a failed attempt before it can be claimed again."""
+    return (
+        config.retry_backoff_seconds if config.retry_backoff_seconds is not None else DEFAULT_RETRY_BACKOFF_S
+    )
+
+
+class AttemptDetail(BaseModel):
+    """One attempt of a rollout, as `GET /api/rollouts/{id}` lists it in `attempt_details`.
+
+    `controller` is the `controller_id` that claimed it; `outcome`, `exit_code` and `reason` are set
+    when it ends (a cancelled attempt has no outcome); `lease_expires_at` is set while it runs.
+    """
+
+    id: str
+    state: AttemptState
+    controller: str | None = None
+    started_at: float
+    ended_at: float | None = None
+    outcome: AttemptOutcome | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    lease_expires_at: float | None = None
+
+
+def failure_summary(attempts: list[AttemptDetail]) -> str:
+    """The rollout's `error_message` once its last attempt failed: every attempt's outcome and reason."""
+    parts: list[str] = []
+    for attempt in attempts:
+        how = attempt.outcome.value if attempt.outcome is not None else attempt.state.value
+        if attempt.exit_code is not None:
+            how += f" (exit code {attempt.exit_code})"
+        if attempt.reason:
+            how += f": {attempt.reason}"
+        parts.append(f"attempt {attempt.id}: {how}")
+    return f"failed after {len(attempts)} attempt(s): " + "; ".join(parts)
+
+
 class RolloutDetail(BaseModel):
-    """Body of `GET /api/rollouts/{id}`."""
+    """Body of `GET /api/rollouts/{id}`: v1.0's `rollout` and `attempts`, plus `attempt_details`."""
 
     rollout: Rollout
     attempts: list[str]
+    attempt_details: list[AttemptDetail] = Field(default_factory=list)
+
+
+#: Who claims and heartbeats attempts: any non-empty name up to 256 characters (e.g. host:pid).
+ControllerId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class ClaimRequest(_Strict):
+    """Body of `POST /api/rollouts/claim`: up to `count` rollouts, each leased for `lease_seconds`."""
+
+    controller_id: ControllerId
+    count: int = Field(default=1, ge=0, le=1000)
+    lease_seconds: float = Field(default=30.0, gt=0)
+
+
+class ClaimedRollout(BaseModel):
+    """One item of the claim answer: the rollout after the claim, its new attempt and agent token."""
+
+    rollout: Rollout
+    attempt_id: str
+    lease_expires_at: float
+    agent_token: str
+
+
+class HeartbeatRequest(_Strict):
+    """Body of `POST .../attempt/{a}/heartbeat`; `lease_seconds` (optional) changes the lease length."""
+
+    controller_id: ControllerId | None = None
+    lease_seconds: float | None = Field(default=None, gt=0)
+
+
+class HeartbeatResponse(BaseModel):
+    """Answer of a heartbeat: the attempt's renewed lease."""
+
+    rollout_id: str
+    attempt_id: str
+    lease_expires_at: float
+
+
+class FinishRequest(_Strict):
+    """Body of `POST .../attempt/{a}/finish`."""
+
+    outcome: AttemptOutcome
+    exit_code: Int64 | None = None
+    reason: Annotated[str, StringConstraints(max_length=65536)] | None = None
+    controller_id: ControllerId | None = None
+
+
+class FinishResponse(BaseModel):
+    """Answer of `finish`: the rollout after the gateway applied its retry policy, and the attempt."""
+
+    rollout: Rollout
+    attempt: AttemptDetail
+
+
+class AttemptLogStored(BaseModel):
+    """Answer of `PUT .../attempt/{a}/logs`: what was kept of the text sent."""
+
+    rollout_id: str
+    attempt_id: str
+    bytes: int
+    truncated_bytes: int
 
 
 class TerminalItem(BaseModel):

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from keraunos.gateway._tokens import TokenClaims, looks_like_token, verify
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import LedgerUnavailable
-from keraunos.protocol import TERMINAL_STATES
+from keraunos.protocol import TERMINAL_STATES, AttemptState
 
 log = structlog.get_logger("keraunos.gateway")
 
@@ -166,6 +166,11 @@ class ServerKeyAuth:
                 f"attempt {claims.attempt_id!r} of rollout {claims.rollout_id!r} was replaced by "
                 f"attempt {current!r}; this agent should stop"
             )
+        attempt = await self._ledger.get_attempt(claims.rollout_id, claims.attempt_id)
+        if attempt is not None and attempt.state is not AttemptState.RUNNING:
+            # A claimed attempt that ended (finished, lost, cancelled) stays fenced while the
+            # rollout waits for its retry.
+            return f"attempt {claims.attempt_id!r} of rollout {claims.rollout_id!r} has ended; this agent should stop"
         return None
 
 

@@ -12,10 +12,26 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
-from keraunos.protocol import EventCreate, Model, RolloutCreate, RolloutPatch
+from keraunos.protocol import (
+    ClaimRequest,
+    EventCreate,
+    FinishRequest,
+    HeartbeatRequest,
+    Model,
+    RolloutCreate,
+    RolloutPatch,
+)
 
 #: Models of request bodies that routes read themselves; `json_body_doc` refers to them by name.
-REQUEST_MODELS = (RolloutCreate, RolloutPatch, EventCreate, Model)
+REQUEST_MODELS = (
+    RolloutCreate,
+    RolloutPatch,
+    EventCreate,
+    Model,
+    ClaimRequest,
+    HeartbeatRequest,
+    FinishRequest,
+)
 
 _ERROR_SCHEMA = {
     "title": "ErrorDetail",

@@ -21,13 +21,19 @@ from keraunos.gateway._fastlane import FastLane
 from keraunos.gateway._limits import BodySizeLimit
 from keraunos.gateway._openapi import build_openapi
 from keraunos.gateway._tokens import token_secret
-from keraunos.gateway.api import events, info, models, rollouts, tokens
+from keraunos.gateway.api import attempts, events, info, models, rollouts, tokens
 from keraunos.gateway.api._common import dump_json
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.proxy import CacheInvalidation, ProxyState, proxy_lifespan
 from keraunos.gateway.proxy import router as proxy_router
 from keraunos.ledger.base import Ledger
-from keraunos.ledger.errors import InvalidTransition, LedgerUnavailable, RolloutNotFound
+from keraunos.ledger.errors import (
+    AttemptConflict,
+    AttemptNotFound,
+    InvalidTransition,
+    LedgerUnavailable,
+    RolloutNotFound,
+)
 
 log = structlog.get_logger("keraunos.gateway")
 
@@ -41,7 +47,7 @@ def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with proxy_lifespan(proxy):
+        async with proxy_lifespan(proxy), attempts.attempt_sweeper(ledger, config.attempt_sweep_interval_s):
             yield
 
     app = FastAPI(
@@ -58,12 +64,22 @@ def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
 
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")
     # Matching order matters (FastLane follows it); the proxy's hot route comes first.
-    routers = (proxy_router, info.router, rollouts.router, events.router, tokens.router, models.router)
+    routers = (
+        proxy_router,
+        info.router,
+        attempts.router,
+        rollouts.router,
+        events.router,
+        tokens.router,
+        models.router,
+    )
     for router in routers:
         app.include_router(router)
 
     app.add_exception_handler(RolloutNotFound, _not_found)
     app.add_exception_handler(InvalidTransition, _conflict)
+    app.add_exception_handler(AttemptNotFound, _not_found)
+    app.add_exception_handler(AttemptConflict, _conflict)
     app.add_exception_handler(LedgerUnavailable, _unavailable)
 
     public_paths = frozenset(

@@ -95,6 +95,21 @@ class GatewayConfig(LayeredSettings):
         description="How often the proxy re-reads registered endpoints from the ledger (changes made "
         "through this gateway apply at once; this bounds how late other replicas' changes are seen).",
     )
+    attempt_sweep_interval_s: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="How often attempts whose lease expired are finished as lost (then retried or failed).",
+    )
+    attempt_max_lease_s: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description="Longest lease a controller may ask for in a claim or heartbeat; longer ones get 422.",
+    )
+    attempt_log_max_bytes: int = Field(
+        default=10 * 1024 * 1024,
+        ge=1,
+        description="Largest attempt log kept, in bytes; beyond it only the tail is stored.",
+    )
     drain_timeout_s: float = Field(
         default=30.0,
         ge=0.0,

@@ -69,6 +69,40 @@ MIGRATIONS: tuple[str, ...] = (
         UPDATE counters SET value = value + 1 WHERE name = 'terminal_positions';
     END;
     """,
+    # 2: attempts (claims, leases, outcomes), the retry time of a rollout between attempts, and
+    # attempt logs.
+    """
+    -- Set while a running rollout waits between attempts: it may be claimed from this time on.
+    ALTER TABLE rollouts ADD COLUMN retry_at REAL;
+    CREATE INDEX rollouts_by_retry_at ON rollouts (retry_at, id) WHERE retry_at IS NOT NULL;
+
+    CREATE TABLE attempts (
+        rollout          INTEGER NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        seq              INTEGER NOT NULL,        -- 1, 2, ... in claim order
+        attempt_id       TEXT NOT NULL,           -- str(seq), allocated by the claim
+        state            TEXT NOT NULL,           -- AttemptState
+        controller       TEXT,
+        started_at       REAL NOT NULL,
+        lease_seconds    REAL NOT NULL,           -- what a heartbeat renews the lease by
+        lease_expires_at REAL,                    -- set while running
+        ended_at         REAL,
+        outcome          TEXT,                    -- AttemptOutcome, once finished
+        exit_code        INTEGER,
+        reason           TEXT,
+        PRIMARY KEY (rollout, seq),
+        UNIQUE (rollout, attempt_id)
+    );
+    CREATE INDEX attempts_live_by_lease ON attempts (lease_expires_at) WHERE state = 'running';
+
+    CREATE TABLE attempt_logs (
+        rollout         INTEGER NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        attempt_id      TEXT NOT NULL,
+        text            BLOB NOT NULL,            -- the tail of what was sent, at most the cap
+        truncated_bytes INTEGER NOT NULL,         -- bytes dropped from the front to fit the cap
+        updated_at      REAL NOT NULL,
+        PRIMARY KEY (rollout, attempt_id)
+    );
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

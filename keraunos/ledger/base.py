@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from keraunos.protocol import (
+    AttemptDetail,
+    AttemptOutcome,
     Model,
     Rollout,
     RolloutCreate,
@@ -22,6 +25,23 @@ from keraunos.protocol import (
 
 #: A wire event (`keraunos.protocol.Event` shape) as a plain dict, for speed on large reads.
 EventDict = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A rollout a claim handed out (its state after the claim) and the attempt it started."""
+
+    rollout: Rollout
+    attempt: AttemptDetail
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptLog:
+    """The stored log of one attempt: the tail of the text sent, and how many bytes were dropped."""
+
+    text: bytes
+    truncated_bytes: int
+    updated_at: float
 
 
 class Ledger(abc.ABC):
@@ -86,6 +106,90 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     async def attempts_with_events(self, rollout_id: str) -> list[str]:
         """Attempt ids of the rollout that have events, ordered by their first event."""
+
+    # The attempt protocol (PROTOCOL.md "Attempts"). A rollout stays `running` across its attempts.
+    # An attempt is live (`running`) while it holds a lease; `now` (the gateway's clock) judges
+    # leases: a lease that expired at or before `now` is over, whether or not the sweep ran yet.
+    # A rollout moved to a terminal state by `patch_rollout` ends its live attempt as `cancelled`.
+
+    @abc.abstractmethod
+    async def claim_rollouts(
+        self, controller_id: str, count: int, lease_seconds: float, now: float
+    ) -> list[Claim]:
+        """Start an attempt on each of up to `count` claimable rollouts, in one transaction.
+
+        Claimable: `queuing`, or `running` between attempts with its retry time reached (oldest
+        retry first, then queuing rollouts oldest first). Each gets the next attempt id ("1", "2",
+        ...), a lease until `now + lease_seconds` held by `controller_id`, `last_attempt_id` set
+        to it and state `running`; `version` goes up by one. A rollout is never handed to two claims.
+        """
+
+    @abc.abstractmethod
+    async def heartbeat_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        controller_id: str | None,
+        lease_seconds: float | None,
+        now: float,
+    ) -> AttemptDetail:
+        """Renew a live attempt's lease to `now + lease_seconds` (its claim's length when None).
+
+        Raises `RolloutNotFound`, `AttemptNotFound`, or `AttemptConflict` when the attempt is not
+        the rollout's current live attempt, belongs to another controller (when `controller_id` is
+        given), or its lease expired (it is then finished as `lost` before the error is raised).
+        """
+
+    @abc.abstractmethod
+    async def finish_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        outcome: AttemptOutcome,
+        exit_code: int | None,
+        reason: str | None,
+        controller_id: str | None,
+        now: float,
+    ) -> tuple[Rollout, AttemptDetail]:
+        """End the rollout's current live attempt and apply its retry policy; the rollout and attempt after.
+
+        `succeeded` makes the rollout succeeded. Any other outcome leaves it running and claimable
+        from `now + retry_backoff_seconds` while it has had fewer than `max_attempts` attempts;
+        otherwise it fails, its `error_message` naming every attempt's outcome and reason.
+        Finishing an attempt that already finished with the same outcome changes nothing and
+        answers as the first call did (so a controller may retry a finish whose answer it lost).
+        Raises `RolloutNotFound`, `AttemptNotFound`, or `AttemptConflict` for an attempt that ended
+        otherwise, is not current, belongs to another controller, or whose lease expired (it is
+        then finished as `lost` first).
+        """
+
+    @abc.abstractmethod
+    async def expire_attempts(self, now: float, limit: int = 1000) -> list[tuple[str, str]]:
+        """Finish as `lost` up to `limit` live attempts whose lease expired at or before `now`.
+
+        Retry policy as in `finish_attempt`. Returns the (rollout_id, attempt_id) pairs it ended.
+        """
+
+    @abc.abstractmethod
+    async def list_attempts(self, rollout_id: str) -> list[AttemptDetail]:
+        """The rollout's claimed attempts, oldest first (empty for an unknown rollout)."""
+
+    @abc.abstractmethod
+    async def get_attempt(self, rollout_id: str, attempt_id: str) -> AttemptDetail | None:
+        """One claimed attempt, or None (attempts a v1.0 client named itself have no record)."""
+
+    @abc.abstractmethod
+    async def put_attempt_log(
+        self, rollout_id: str, attempt_id: str, text: bytes, truncated_bytes: int, now: float
+    ) -> None:
+        """Store (replace) the log of an attempt of an existing rollout. Raises `RolloutNotFound`.
+
+        The caller caps `text`; `truncated_bytes` says how much it dropped from the front.
+        """
+
+    @abc.abstractmethod
+    async def get_attempt_log(self, rollout_id: str, attempt_id: str) -> AttemptLog | None:
+        """The stored log of an attempt, or None if none was stored."""
 
     # -- events ---------------------------------------------------------------------------------
 

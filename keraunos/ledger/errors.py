@@ -31,3 +31,22 @@ class InvalidTransition(LedgerError):
         self.rollout_id = rollout_id
         self.current = current
         self.target = target
+
+
+class AttemptNotFound(LedgerError):
+    """The rollout exists but has no attempt with this id (attempts are created by claims)."""
+
+    def __init__(self, rollout_id: str, attempt_id: str) -> None:
+        super().__init__(f"Attempt not found: {attempt_id} of rollout {rollout_id}")
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+
+
+class AttemptConflict(LedgerError):
+    """The attempt can no longer do this: it ended, was replaced, or its lease expired."""
+
+    def __init__(self, rollout_id: str, attempt_id: str, why: str) -> None:
+        super().__init__(f"Attempt {attempt_id} of rollout {rollout_id}: {why}")
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        self.why = why

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from keraunos.ledger import _sqlite_attempts as attempts
 from keraunos.ledger._codec import decode_json, encode_json, encode_model_request
 from keraunos.ledger._sqlite_events import (
     MODEL_REQUEST,
@@ -35,8 +36,9 @@ from keraunos.ledger._sqlite_events import (
 from keraunos.ledger._sqlite_lock import FileLock
 from keraunos.ledger._sqlite_schema import migrate
 from keraunos.ledger._sqlite_writer import GroupCommitWriter
-from keraunos.ledger.base import EventDict, Ledger
+from keraunos.ledger.base import AttemptLog, Claim, EventDict, Ledger
 from keraunos.ledger.errors import (
+    AttemptConflict,
     InvalidTransition,
     LedgerError,
     LedgerUnavailable,
@@ -44,6 +46,8 @@ from keraunos.ledger.errors import (
 )
 from keraunos.protocol import (
     TERMINAL_STATES,
+    AttemptDetail,
+    AttemptOutcome,
     Model,
     Rollout,
     RolloutConfig,
@@ -263,15 +267,20 @@ class SqliteLedger(Ledger):
     async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
         contexts = self._contexts
 
+        terminal = patch.state in TERMINAL_STATES
+
         def op(conn: sqlite3.Connection) -> Rollout:
             rollout = _patch_one(conn, rollout_id, patch, now)
-            if patch.state in TERMINAL_STATES:
+            if patch.state is not None and terminal:
+                # Its live attempt ends with it, so that attempt's agent token is fenced.
+                attempts.cancel_live(conn, rollout_id, patch.state, now)
                 # A finished rollout rarely gets more model calls: free its contexts (a later call
                 # is simply stored in full).
                 contexts.drop_rollout(rollout_id)
             return rollout
 
-        return await self._write(op, savepoint=False)  # writes with one UPDATE
+        # Without a terminal move it writes with one UPDATE: no savepoint needed.
+        return await self._write(op, savepoint=terminal)
 
     async def delete_rollout(self, rollout_id: str) -> None:
         contexts = self._contexts
@@ -326,6 +335,98 @@ class SqliteLedger(Ledger):
             .fetchall()
         )
         return [attempt_id for (attempt_id,) in rows]
+
+    async def claim_rollouts(
+        self, controller_id: str, count: int, lease_seconds: float, now: float
+    ) -> list[Claim]:
+        def op(conn: sqlite3.Connection) -> list[Claim]:
+            claimed = attempts.claim(conn, _ROLLOUT_COLUMNS, controller_id, count, lease_seconds, now)
+            return [Claim(_rollout_from_row(row), attempt) for row, attempt in claimed]
+
+        return await self._write(op)
+
+    async def heartbeat_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        controller_id: str | None,
+        lease_seconds: float | None,
+        now: float,
+    ) -> AttemptDetail:
+        def op(conn: sqlite3.Connection) -> AttemptDetail | AttemptConflict:
+            return attempts.heartbeat(conn, rollout_id, attempt_id, controller_id, lease_seconds, now)
+
+        result = await self._write(op)
+        if isinstance(result, AttemptConflict):
+            raise result
+        return result
+
+    async def finish_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        outcome: AttemptOutcome,
+        exit_code: int | None,
+        reason: str | None,
+        controller_id: str | None,
+        now: float,
+    ) -> tuple[Rollout, AttemptDetail]:
+        contexts = self._contexts
+
+        def op(conn: sqlite3.Connection) -> tuple[Rollout, AttemptDetail] | AttemptConflict:
+            result = attempts.finish(
+                conn, rollout_id, attempt_id, outcome, exit_code, reason, controller_id, now
+            )
+            if isinstance(result, AttemptConflict):
+                return result
+            if result.became_terminal:
+                contexts.drop_rollout(rollout_id)
+            rollout = _rollout_from_row(conn.execute(_SELECT_ROLLOUT, (rollout_id,)).fetchone())
+            return rollout, result.attempt
+
+        result = await self._write(op)
+        if isinstance(result, AttemptConflict):
+            raise result
+        return result
+
+    async def expire_attempts(self, now: float, limit: int = 1000) -> list[tuple[str, str]]:
+        def op(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+            return attempts.expire(conn, now, limit)
+
+        return await self._write(op)
+
+    async def list_attempts(self, rollout_id: str) -> list[AttemptDetail]:
+        return attempts.list_attempts(self._inline_conn(), rollout_id)
+
+    async def get_attempt(self, rollout_id: str, attempt_id: str) -> AttemptDetail | None:
+        return attempts.get_attempt(self._inline_conn(), rollout_id, attempt_id)
+
+    async def put_attempt_log(
+        self, rollout_id: str, attempt_id: str, text: bytes, truncated_bytes: int, now: float
+    ) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            cursor = conn.execute(
+                "INSERT INTO attempt_logs (rollout, attempt_id, text, truncated_bytes, updated_at) "
+                "SELECT id, ?, ?, ?, ? FROM rollouts WHERE rollout_id = ? "
+                "ON CONFLICT (rollout, attempt_id) DO UPDATE SET text = excluded.text, "
+                "truncated_bytes = excluded.truncated_bytes, updated_at = excluded.updated_at",
+                (attempt_id, text, truncated_bytes, now, rollout_id),
+            )
+            if cursor.rowcount == 0:
+                raise RolloutNotFound(rollout_id)
+
+        await self._write(op, savepoint=False)  # one statement
+
+    async def get_attempt_log(self, rollout_id: str, attempt_id: str) -> AttemptLog | None:
+        def op(conn: sqlite3.Connection) -> AttemptLog | None:
+            row = conn.execute(
+                "SELECT text, truncated_bytes, updated_at FROM attempt_logs "
+                "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ?",
+                (rollout_id, attempt_id),
+            ).fetchone()
+            return None if row is None else AttemptLog(bytes(row[0]), row[1], row[2])
+
+        return await self._read(op)  # logs may be megabytes: off the event loop
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -486,6 +587,10 @@ def _patch_sql(fields: tuple[str, ...], target: RolloutState | None) -> str:
         where += f" AND state IN ({sources})"
         if target in TERMINAL_STATES:
             sets.append(f"terminal_pos = ({_CURRENT_TERMINAL_POSITION}) + 1")
+    if target in TERMINAL_STATES or "last_attempt_id" in fields:
+        # A terminal rollout is never claimed again; one whose attempt a v1.0 client set itself
+        # is that client's to run, so a pending retry is dropped.
+        sets.append("retry_at = NULL")
     sets += ["version = version + 1", "updated_at = :now"]
     return f"UPDATE rollouts SET {', '.join(sets)} WHERE {where} RETURNING {_ROLLOUT_COLUMNS}"
 

@@ -94,18 +94,20 @@ async def terminal_page(
 
 @router.get(
     "/{rollout_id}",
-    summary="Read one rollout and the attempts that have events",
+    summary="Read one rollout, the attempts that have events, and its claimed attempts",
     response_model=None,
     responses={200: {"model": RolloutDetail, "description": "The rollout and its attempt ids."}},
 )
 async def get_rollout(request: Request, rollout_id: RolloutIdPath) -> Response:
-    """The rollout and the ids of its attempts that have events, oldest first; 404 if unknown."""
+    """The rollout, the ids of its attempts that have events (oldest first) and `attempt_details`:
+    every attempt a claim started, in claim order. 404 if unknown."""
     ledger = ledger_of(request)
     rollout = await ledger.get_rollout(rollout_id)
     if rollout is None:
         raise RolloutNotFound(rollout_id)
     attempts = await ledger.attempts_with_events(rollout_id)
-    detail = RolloutDetail(rollout=rollout, attempts=attempts)
+    details = await ledger.list_attempts(rollout_id)
+    detail = RolloutDetail(rollout=rollout, attempts=attempts, attempt_details=details)
     return json_response(_DETAIL.dump_json(detail))
 
 
