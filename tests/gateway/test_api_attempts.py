@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from keraunos.gateway._tokens import EXPIRY_MARGIN_S, derive_secret, verify
+from keraunos.gateway.api.attempts import keep_tail
 from keraunos.testing.processes import TEST_KEY, Gateway, start_gateway, unique_id
 
 LOG_CAP = 1000
@@ -325,6 +326,22 @@ def test_an_agent_token_cannot_read_or_write_logs_or_drive_attempts(
         assert agent.put(attempt_url(rid, "1", "logs"), content=b"x").status_code == 403
         assert agent.post(attempt_url(rid, "1", "finish"), json={"outcome": "succeeded"}).status_code == 403
         assert agent.post("/api/rollouts/claim", json={"controller_id": "x"}).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("data", "cap", "kept", "dropped"),
+    [
+        (b"short", 10, b"short", 0),
+        (b"0123456789", 4, b"6789", 6),
+        ("a\u00e9b".encode(), 2, b"b", 3),  # the cap would start inside the two-byte \u00e9
+        ("x\U0001f600y".encode(), 4, b"y", 5),  # and here inside a four-byte character
+        ("x\U0001f600y".encode(), 5, "\U0001f600y".encode(), 1),
+    ],
+)
+def test_the_kept_log_tail_starts_at_a_character_boundary(
+    data: bytes, cap: int, kept: bytes, dropped: int
+) -> None:
+    assert keep_tail(data, cap) == (kept, dropped)
 
 
 # -- discovery --------------------------------------------------------------------------------------

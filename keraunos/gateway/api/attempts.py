@@ -254,13 +254,23 @@ async def attempt_sweeper(ledger: Ledger, interval_s: float) -> AsyncIterator[No
             await task
 
 
+#: Most attempts one sweep transaction ends; a fuller backlog takes several in a row.
+SWEEP_BATCH = 1000
+
+
 async def _sweep_forever(ledger: Ledger, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
+        lost: list[tuple[str, str]] = []
         try:
-            lost = await ledger.expire_attempts(time.time())
+            while True:
+                batch = await ledger.expire_attempts(time.time(), SWEEP_BATCH)
+                lost += batch
+                if len(batch) < SWEEP_BATCH:
+                    break
         except LedgerError as exc:  # the ledger is unavailable for now: try again next round
             log.error("attempt sweep failed", error=str(exc))
-            continue
+        except Exception:  # a bug must not stop every later sweep
+            log.exception("attempt sweep failed")
         for rollout_id, attempt_id in lost:
             log.warning("attempt lease expired; finished as lost", rollout=rollout_id, attempt=attempt_id)
