@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from keraunos.ledger import Ledger, RolloutNotFound, SqliteLedger
+from keraunos.ledger import InvalidTransition, Ledger, RolloutNotFound, SqliteLedger
 from keraunos.ledger._codec import encode_json
 from keraunos.ledger._sqlite_schema import LATEST_VERSION, MIGRATIONS
 from keraunos.ledger.errors import AttemptConflict, AttemptNotFound
@@ -331,3 +335,124 @@ async def test_a_schema_1_file_is_migrated_and_its_rollouts_can_be_claimed(tmp_p
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
     conn.close()
+
+
+# -- any interleaving -------------------------------------------------------------------------------
+
+_ROLLOUTS = 3
+_op = st.one_of(
+    st.tuples(st.just("claim"), st.integers(0, 3), st.sampled_from([1.0, 5.0])),
+    st.tuples(st.just("heartbeat"), st.integers(0, _ROLLOUTS - 1), st.sampled_from(["1", "2", "3"])),
+    st.tuples(
+        st.just("finish"),
+        st.integers(0, _ROLLOUTS - 1),
+        st.sampled_from(["1", "2", "3"]),
+        st.sampled_from(list(AttemptOutcome)),
+    ),
+    st.tuples(st.just("advance"), st.sampled_from([0.5, 2.0, 6.0])),
+    st.tuples(st.just("expire")),
+    st.tuples(st.just("patch"), st.integers(0, _ROLLOUTS - 1), st.sampled_from([SUCCEEDED, FAILED])),
+)
+
+
+async def _check_invariants(
+    ledger: Ledger, ids: list[str], max_attempts: list[int], patched: set[str]
+) -> None:
+    for rid, most in zip(ids, max_attempts, strict=True):
+        rollout = await ledger.get_rollout(rid)
+        assert rollout is not None
+        status = rollout.status
+        attempts = await ledger.list_attempts(rid)
+        assert [a.id for a in attempts] == [str(n) for n in range(1, len(attempts) + 1)]
+        assert len(attempts) <= most
+        live = [a for a in attempts if a.state == AttemptState.RUNNING]
+        assert len(live) <= 1
+        for attempt in attempts:
+            assert (attempt.lease_expires_at is not None) == (attempt.state == AttemptState.RUNNING)
+            assert (attempt.ended_at is None) == (attempt.state == AttemptState.RUNNING)
+        if live:
+            assert (status.state, status.last_attempt_id) == (RolloutState.RUNNING, live[0].id)
+        if status.state in (RolloutState.SUCCEEDED, RolloutState.FAILED) and rid not in patched:
+            last = attempts[-1]
+            if status.state == RolloutState.SUCCEEDED:
+                assert last.outcome == SUCCEEDED
+            else:
+                assert len(attempts) == most and last.outcome != SUCCEEDED
+                assert (status.error_message or "").startswith(f"failed after {most} attempt(s)")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=st.lists(_op, max_size=25),
+    max_attempts=st.lists(st.integers(1, 3), min_size=_ROLLOUTS, max_size=_ROLLOUTS),
+    backoff=st.sampled_from([0.0, 3.0]),
+)
+def test_any_interleaving_keeps_one_live_attempt_and_ends_every_rollout(
+    make_ledger: MakeLedger, ops: list[tuple[Any, ...]], max_attempts: list[int], backoff: float
+) -> None:
+    """Whatever controllers, the sweep and v1.0 patches do in whatever order, a rollout has at most
+    one live attempt, never more attempts than allowed, ends as its attempts say, and a rollout
+    that is not terminal can always be claimed again eventually (none gets stuck)."""
+    prefix = uuid.uuid4().hex[:8]
+    ids = [f"{prefix}-{n}" for n in range(_ROLLOUTS)]
+
+    async def run() -> None:
+        async with make_ledger() as ledger:
+            try:
+                await _run(ledger)
+            finally:
+                for rid in ids:
+                    await ledger.delete_rollout(rid)
+
+    async def _run(ledger: Ledger) -> None:
+        items = [
+            RolloutCreate(
+                input={},
+                rollout_id=rid,
+                config=RolloutConfig(max_attempts=most, retry_backoff_seconds=backoff),
+            )
+            for rid, most in zip(ids, max_attempts, strict=True)
+        ]
+        await ledger.create_rollouts(items, 0.0)
+        now, patched = 1.0, set[str]()
+        for op in ops:
+            before = {rid: await ledger.list_attempts(rid) for rid in ids}
+            kind = op[0]
+            try:
+                if kind == "claim":
+                    claims = await ledger.claim_rollouts("c", op[1], op[2], now)
+                    claimed = [c.rollout.rollout_id for c in claims]
+                    assert len(set(claimed)) == len(claimed) <= op[1]
+                    for rid in claimed:
+                        assert all(a.state != AttemptState.RUNNING for a in before[rid])
+                elif kind == "heartbeat":
+                    await ledger.heartbeat_attempt(ids[op[1]], op[2], None, None, now)
+                elif kind == "finish":
+                    await ledger.finish_attempt(ids[op[1]], op[2], op[3], None, "r", None, now)
+                elif kind == "advance":
+                    now += op[1]
+                elif kind == "expire":
+                    await ledger.expire_attempts(now)
+                else:
+                    await ledger.patch_rollout(ids[op[1]], RolloutStatusPatch(state=op[2]), now)
+                    patched.add(ids[op[1]])
+            except (AttemptConflict, AttemptNotFound, InvalidTransition):
+                pass
+            await _check_invariants(ledger, ids, max_attempts, patched)
+        # Liveness: far enough in the future, claiming and succeeding ends every rollout.
+        for _ in range(4):
+            now += 100.0
+            await ledger.expire_attempts(now)
+            for claim in await ledger.claim_rollouts("c", _ROLLOUTS, 1.0, now):
+                await ledger.finish_attempt(
+                    claim.rollout.rollout_id, claim.attempt.id, SUCCEEDED, 0, None, None, now
+                )
+        for rid in ids:
+            rollout = await ledger.get_rollout(rid)
+            assert rollout is not None and rollout.status.state in (
+                RolloutState.SUCCEEDED,
+                RolloutState.FAILED,
+            )
+        await _check_invariants(ledger, ids, max_attempts, patched)
+
+    anyio.run(run)
