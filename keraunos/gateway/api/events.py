@@ -19,6 +19,7 @@ from keraunos.gateway.api._common import (
     ledger_of,
     read_body,
 )
+from keraunos.ledger._triplet_delta import delta_encode
 from keraunos.ledger.errors import RolloutNotFound
 from keraunos.protocol import DEFAULT_ATTEMPT_ID, Event, EventCreate
 
@@ -81,6 +82,14 @@ async def list_events(
     include_routed_experts: Annotated[
         bool, Query(description="Accepted for Agent Lightning v1.0 compatibility; no effect yet.")
     ] = False,
+    delta: Annotated[
+        bool,
+        Query(
+            description="With `format=triplet` (keraunos extension `triplet-delta`): each "
+            "model_request prompt as `{prefix_of, prefix_len, suffix}` against an earlier event of "
+            "the response, so the size grows linearly with the turns. Ignored without triplet."
+        ),
+    ] = False,
 ) -> Response:
     """Events of `status.last_attempt_id` (attempt "0" when unset), in arrival order."""
     ledger = ledger_of(request)
@@ -91,6 +100,8 @@ async def list_events(
     events: list[dict[str, Any]]
     if fmt == "triplet":
         events = await ledger.list_triplet_events(rollout_id, attempt_id, event_type)
+        if delta:
+            events = delta_encode(events)
     else:
         events = await ledger.list_events(rollout_id, attempt_id, event_type)
     return json_response(dump_json(events))

@@ -23,6 +23,7 @@ FEATURES: tuple[str, ...] = (
     "rendezvous-routing",  # rollouts stick to an endpoint; removing one moves only its rollouts
     "proxy-error-source",  # gateway-made proxy errors carry error.{message, source, attempts}
     "agent-tokens",  # POST /api/rollouts/{id}/attempt/{a}/token; tokens scoped to one attempt
+    "triplet-delta",  # GET /api/rollouts/{id}/events?format=triplet&delta=1: prompts as deltas
     "attempts",  # claim / heartbeat / finish, leases, retries, attempt_details
     "attempt-logs",  # PUT / GET /api/rollouts/{id}/attempt/{a}/logs
 )
