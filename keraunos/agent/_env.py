@@ -1,0 +1,93 @@
+"""The agent environment contract of PROTOCOL.md, read from `os.environ` (or any mapping passed in).
+
+A runner starts each agent with `AGL_OPENAI_BASE_URL`
+(`{server}/proxy/rollout/{rid}/attempt/{aid}/mode/{mode}/openai/v1`), `AGL_EVENT_URL`
+(`{server}/api/rollouts/{rid}/attempt/{aid}/events`) and `AGL_KEY`. The rollout and attempt ids are
+not variables of their own: they are read back from those URLs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from keraunos.agent._errors import NotInRolloutError
+
+OPENAI_BASE_URL = "AGL_OPENAI_BASE_URL"
+EVENT_URL = "AGL_EVENT_URL"
+KEY = "AGL_KEY"
+
+_ID = r"[A-Za-z0-9._:-]{1,128}"
+_EVENT_PATH = re.compile(rf"/api/rollouts/(?P<rollout>{_ID})/attempt/(?P<attempt>{_ID})/events/?$")
+_PROXY_PATH = re.compile(rf"/proxy/rollout/(?P<rollout>{_ID})/attempt/(?P<attempt>{_ID})/mode/")
+
+
+@dataclass(frozen=True)
+class AgentEnv:
+    """The variables a runner gives an agent, with the rollout and attempt ids they name."""
+
+    openai_base_url: str
+    event_url: str
+    key: str
+    rollout_id: str
+    attempt_id: str
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> AgentEnv:
+        """The contract from `environ` (default: this process's environment).
+
+        Raises `NotInRolloutError` naming every missing variable when the process is not a
+        rollout's agent, and when the URLs do not name a rollout and attempt.
+        """
+        env = os.environ if environ is None else environ
+        missing = [name for name in (OPENAI_BASE_URL, EVENT_URL, KEY) if name not in env]
+        if missing:
+            raise NotInRolloutError(
+                f"not running inside a rollout: {', '.join(missing)} not set (a keraunos or Agent "
+                "Lightning runner sets them; to run an agent by hand, export them yourself)"
+            )
+        event_url = env[EVENT_URL]
+        match = _EVENT_PATH.search(event_url.split("?", 1)[0]) or _PROXY_PATH.search(env[OPENAI_BASE_URL])
+        if match is None:
+            raise NotInRolloutError(
+                f"{EVENT_URL}={event_url!r} does not look like "
+                "{server}/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"
+            )
+        return cls(
+            openai_base_url=env[OPENAI_BASE_URL],
+            event_url=event_url,
+            key=env[KEY],
+            rollout_id=match["rollout"],
+            attempt_id=match["attempt"],
+        )
+
+
+def openai_base_url() -> str:
+    """The OpenAI base URL to give any OpenAI-compatible client (`AGL_OPENAI_BASE_URL`)."""
+    return AgentEnv.read().openai_base_url
+
+
+def api_key() -> str:
+    """The key to send as the OpenAI API key and with events (`AGL_KEY`)."""
+    return AgentEnv.read().key
+
+
+def rollout_id() -> str:
+    """The id of the rollout this agent runs for."""
+    return AgentEnv.read().rollout_id
+
+
+def attempt_id() -> str:
+    """The id of this attempt of the rollout ("0" for a rollout run without attempts, "1", "2", ...)."""
+    return AgentEnv.read().attempt_id
+
+
+def in_rollout() -> bool:
+    """True when the environment contract is complete (the process is a rollout's agent)."""
+    try:
+        AgentEnv.read()
+    except NotInRolloutError:
+        return False
+    return True
