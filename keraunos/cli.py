@@ -144,6 +144,27 @@ def engine_mock(ctx: typer.Context) -> None:
     command.main(args=ctx.args, prog_name="keraunos engine-mock")
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    short_help="Run the controller: queued rollouts -> running agents (see keraunos controller --help).",
+)
+def controller(ctx: typer.Context) -> None:
+    """Run the controller: claim rollouts from a gateway and run their agents."""
+    from keraunos._settings_cli import settings_command
+    from keraunos.controller.config import ControllerConfig
+    from keraunos.controller.main import run_controller
+
+    controller_app = settings_command(
+        ControllerConfig,
+        name="controller",
+        doc="Run the controller. Precedence: flag > environment variable > --config file > default. "
+        "Stops its agents and reports their attempts on SIGTERM/SIGINT.",
+        run=run_controller,
+    )
+    typer.main.get_command(controller_app).main(args=ctx.args, prog_name="keraunos controller")
+
+
 def main() -> None:
     """Console-script entry point (`keraunos`)."""
     app()

@@ -27,7 +27,7 @@ class AttemptsSource:
     """Claims rollouts under leases of `lease_s` seconds, renewed every `renew_interval_s`.
 
     `agent_keys` says whether agents get their attempt's token (the gateway has auth on) or
-    `unused` (it has none).
+    `unused` (it has none); `upload_logs` whether the gateway keeps attempt logs.
     """
 
     def __init__(
@@ -38,6 +38,7 @@ class AttemptsSource:
         lease_s: float,
         renew_interval_s: float,
         agent_keys: bool,
+        upload_logs: bool,
         log_upload_max_bytes: int,
     ) -> None:
         self.client = client
@@ -45,6 +46,7 @@ class AttemptsSource:
         self.lease_s = lease_s
         self.renew_interval_s = renew_interval_s
         self.agent_keys = agent_keys
+        self.upload_logs = upload_logs
         self.log_upload_max_bytes = log_upload_max_bytes
 
     async def take(self, count: int) -> list[Assignment]:
@@ -77,7 +79,7 @@ class AttemptsSource:
 
     async def report(self, rollout_id: str, attempt_id: str, ending: Ending, log_path: Path | None) -> None:
         """Upload the attempt's log (its tail), then finish the attempt with its outcome."""
-        if log_path is not None and self.log_upload_max_bytes > 0:
+        if self.upload_logs and log_path is not None and self.log_upload_max_bytes > 0:
             await self.client.put_logs(
                 rollout_id, attempt_id, read_log_tail(log_path, self.log_upload_max_bytes)
             )

@@ -8,6 +8,7 @@ after a clean shutdown, 1 when the controller cannot start (the reason on one li
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -32,6 +33,8 @@ log = structlog.get_logger("keraunos.controller")
 ATTEMPTS_FEATURE = "attempts"
 #: The `/api/info` feature that means the server mints agent tokens.
 TOKENS_FEATURE = "agent-tokens"
+#: The `/api/info` feature that means the server keeps attempt logs.
+LOGS_FEATURE = "attempt-logs"
 
 
 class StartupError(Exception):
@@ -59,6 +62,7 @@ def choose_protocol(choice: str, features: list[str] | None) -> str:
 def build_source(config: ControllerConfig, client: GatewayClient, features: list[str] | None) -> WorkSource:
     """The work source for the protocol this controller speaks with this server."""
     protocol = choose_protocol(config.protocol, features)
+    known = features or []
     if protocol == "attempts":
         return AttemptsSource(
             client,
@@ -66,19 +70,19 @@ def build_source(config: ControllerConfig, client: GatewayClient, features: list
             lease_s=config.lease_s,
             renew_interval_s=min(config.lease_s / 3, config.poll_interval_s),
             agent_keys=bool(config.key),
+            upload_logs=LOGS_FEATURE in known,
             log_upload_max_bytes=config.log_upload_max_bytes,
         )
     log.warning(
         "list-and-patch mode (v1.0 protocol): safe for ONE controller per server; max_attempts and "
         "retry_backoff_seconds are ignored"
     )
-    known = features or []
     return ListAndPatchSource(
         client,
         server_key=config.key,
         renew_interval_s=config.poll_interval_s,
         mint_tokens=TOKENS_FEATURE in known,
-        upload_logs=ATTEMPTS_FEATURE in known,
+        upload_logs=LOGS_FEATURE in known,
         log_upload_max_bytes=config.log_upload_max_bytes,
     )
 
@@ -88,6 +92,8 @@ def run_controller(config: ControllerConfig) -> int:
     from keraunos._logging import configure_logging
 
     configure_logging(config.log_level)
+    # One line per gateway request would drown the controller's own log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         return asyncio.run(_run(config))
     except StartupError as exc:

@@ -18,9 +18,19 @@ from typing import Any
 import httpx
 import pytest
 
-from keraunos.testing.processes import Gateway, clean_env, keraunos_command
+from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, clean_env, keraunos_command
 
 AGENTS_DIR = Path(__file__).resolve().parent / "agents"
+
+#: Gateway flags: the engine stand-in's model, short proxy retries.
+GATEWAY_ARGS = (
+    "--served-model",
+    SERVED_MODEL,
+    "--proxy-max-attempts",
+    "2",
+    "--proxy-backoff-initial-s",
+    "0.01",
+)
 
 #: Knobs of the controllers started here unless a test says otherwise.
 FAST_ARGS = ("--poll-interval-s", "0.1", "--lease-s", "4", "--grace-s", "0.5")
@@ -127,6 +137,40 @@ def controller_factory(tmp_path: Path) -> Iterator[StartController]:
         controller.stop()
 
 
+@pytest.fixture
+def served_gateway(gateway_factory: Callable[..., Gateway], engine: Engine) -> Gateway:
+    """A fresh gateway (its own ledger) whose served model is the module's engine stand-in."""
+    gateway = gateway_factory(args=GATEWAY_ARGS)
+    gateway.register([engine])
+    return gateway
+
+
+@dataclass
+class Stack:
+    """A gateway with the engine stand-in behind it and one controller running its rollouts."""
+
+    gateway: Gateway
+    controller: Controller
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, engine: Engine) -> Iterator[Stack]:
+    """One gateway + controller (pool of 8) shared by a module's tests; each test makes its own rollouts."""
+    from keraunos.testing.processes import start_gateway
+
+    base = tmp_path_factory.mktemp("stack")
+    gateway = start_gateway(base / "gateway", args=GATEWAY_ARGS)
+    gateway.register([engine])
+    try:
+        controller = start_controller(gateway, base, "--pool-size", "8")
+    except Exception:
+        gateway.stop()
+        raise
+    yield Stack(gateway, controller)
+    controller.stop()
+    gateway.stop()
+
+
 def create_rollouts(gateway: Gateway, items: Sequence[dict[str, Any]]) -> list[str]:
     """Create rollouts (`POST /api/rollouts`); their ids, in order."""
     with gateway.client() as api:
@@ -175,3 +219,73 @@ def group_alive(pgid: int) -> bool:
 
 def http_get(url: str, key: str) -> httpx.Response:
     return httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class AglServer:
+    """A running Agent Lightning 1.0.2 `agl-server`, the reference v1.0 server."""
+
+    base_url: str
+    key: str
+    process: subprocess.Popen[bytes]
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url, headers={"Authorization": f"Bearer {self.key}"}, timeout=30
+        )
+
+
+@pytest.fixture
+def agl_server(tmp_path: Path) -> Iterator[AglServer]:
+    """`agl-server` of the Agent Lightning 1.0.2 venv (`$KERAUNOS_TEST_AGL_VENV`, default `.venv-agl`).
+
+    Skipped, saying why, when that installation is not there (CI creates it).
+    """
+    from keraunos.testing.processes import free_port
+
+    venv = Path(os.environ.get("KERAUNOS_TEST_AGL_VENV", REPO / ".venv-agl"))
+    binary = venv / "bin" / "agl-server"
+    if not binary.exists():
+        pytest.skip(
+            f"Agent Lightning 1.0.2 is not installed in {venv} (install it with: python3 -m venv {venv} && "
+            f"{venv}/bin/pip install --ignore-requires-python agentlightning==1.0.2)"
+        )
+    port, key = free_port(), "agl-test-key"
+    log_path = tmp_path / "agl-server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                str(binary),
+                "host=127.0.0.1",
+                f"port={port}",
+                f"key={key}",
+                f"default_proxy.model_name={SERVED_MODEL}",
+                f"hydra.run.dir={tmp_path / 'hydra'}",
+                "hydra.output_subdir=null",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=clean_env(),
+            cwd=tmp_path,
+        )
+    server = AglServer(f"http://127.0.0.1:{port}", key, process)
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"agl-server exited:\n{log_path.read_text(errors='replace')}")
+        try:
+            return httpx.get(f"{server.base_url}/healthz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(healthy, 30, "agl-server to answer /healthz", interval=0.1)
+    yield server
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)

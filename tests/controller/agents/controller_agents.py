@@ -1,5 +1,7 @@
 """Agents the controller tests run: real programs using the environment contract.
 
+Imports stay inside `run()`, so an agent that needs nothing starts fast.
+
 Each reads `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL` and `AGL_KEY`, as any agent does; some write what
 they saw into a file named by a `NOTES` variable (set through `config.local.env_map`) so a test can
 check it from outside.
@@ -15,8 +17,6 @@ import subprocess
 import sys
 import time
 
-import httpx
-
 
 def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {os.environ['AGL_KEY']}"}
@@ -31,6 +31,8 @@ def _note(**fields: object) -> None:
 
 
 def _reward(value: float) -> None:
+    import httpx
+
     body = {"event_type": "reward", "data": {"value": value}}
     httpx.post(os.environ["AGL_EVENT_URL"], json=body, headers=_headers(), timeout=30).raise_for_status()
 
@@ -89,6 +91,8 @@ class ScopeProbingAgent:
     """Tries its AGL_KEY on another rollout's proxy path and events URL, and on its own; notes the statuses."""
 
     def run(self) -> None:
+        import httpx
+
         own_base = os.environ["AGL_OPENAI_BASE_URL"]
         other = os.environ["OTHER_ROLLOUT"]
         rollout_part = own_base.split("/proxy/rollout/")[1].split("/")[0]
@@ -113,6 +117,8 @@ class FencedAgent:
     """Calls the model every 0.1 s until a call is refused; notes the refusing status and exits 0."""
 
     def run(self) -> None:
+        import httpx
+
         body = {"model": "any", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         url = os.environ["AGL_OPENAI_BASE_URL"] + "/chat/completions"
         deadline = time.monotonic() + 60
