@@ -24,6 +24,7 @@ from keraunos.gateway._tokens import token_secret
 from keraunos.gateway.api import attempts, events, info, models, rollouts, tokens
 from keraunos.gateway.api._common import dump_json
 from keraunos.gateway.config import GatewayConfig
+from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
 from keraunos.gateway.proxy import CacheInvalidation, ProxyState, proxy_lifespan
 from keraunos.gateway.proxy import router as proxy_router
 from keraunos.ledger.base import Ledger
@@ -43,7 +44,8 @@ _HEALTHZ = b'{"status":"ok"}'
 def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
     """The gateway app serving PROTOCOL.md's `/api` and `/proxy` over `ledger` (which the caller
     opens and closes). Its lifespan opens the proxy's HTTP client and drains proxy calls on shutdown."""
-    proxy = ProxyState(config, ledger)
+    metrics = GatewayMetrics()  # this app's own registry, served at /metrics
+    proxy = ProxyState(config, ledger, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,9 +62,13 @@ def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
     app.state.config = config
     app.state.ledger = ledger
     app.state.proxy = proxy
+    app.state.metrics = metrics
     app.state.token_secret = token_secret(config.token_secret, config.key)
 
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")
+    app.add_api_route(
+        "/metrics", metrics_endpoint, methods=["GET"], tags=["health"], summary="Prometheus metrics"
+    )
     # Matching order matters (FastLane follows it); the proxy's hot route comes first.
     routers = (
         proxy_router,
@@ -86,6 +92,7 @@ def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
         path
         for path in (
             "/healthz",
+            "/metrics" if config.metrics_public else None,
             app.docs_url,
             app.redoc_url,
             app.openapi_url,

@@ -64,6 +64,11 @@ class GatewayConfig(LayeredSettings):
         description="Largest request body accepted, in bytes; larger ones get 413.",
     )
     log_level: LogLevel = Field(default="info", description="Least severe log level written to stderr.")
+    metrics_public: bool = Field(
+        default=False,
+        description="Serve GET /metrics without the server key (for Prometheus scrapers without "
+        "credentials); by default it needs the key, like /api.",
+    )
     proxy_max_attempts: int = Field(
         default=6,
         ge=1,

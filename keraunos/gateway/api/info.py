@@ -24,6 +24,8 @@ FEATURES: tuple[str, ...] = (
     "proxy-error-source",  # gateway-made proxy errors carry error.{message, source, attempts}
     "agent-tokens",  # POST /api/rollouts/{id}/attempt/{a}/token; tokens scoped to one attempt
     "triplet-delta",  # GET /api/rollouts/{id}/events?format=triplet&delta=1: prompts as deltas
+    "streaming",  # stream: true proxied as SSE, recorded like an unstreamed call
+    "metrics",  # GET /metrics in the Prometheus text format
     "attempts",  # claim / heartbeat / finish, leases, retries, attempt_details
     "attempt-logs",  # PUT / GET /api/rollouts/{id}/attempt/{a}/logs
 )

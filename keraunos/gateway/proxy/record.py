@@ -9,8 +9,12 @@ import orjson
 
 from keraunos.gateway.proxy.shaping import Sampling
 from keraunos.gateway.proxy.upstream import Answer
+from keraunos.protocol import Model
 
 MODEL_REQUEST = "model_request"
+
+#: `status` of a call the agent left before it ended (keraunos extension of PROTOCOL.md's ok/error).
+CLIENT_DISCONNECTED = "client_disconnected"
 
 
 def model_request_data(
@@ -18,21 +22,59 @@ def model_request_data(
 ) -> dict[str, Any]:
     """`data` of the event recording `answer` to `request` (the body sent upstream), success or error."""
     response = parse_response(answer.body)
-    endpoint = answer.endpoint
+    return call_data(
+        served_model=served_model,
+        request=request,
+        sampling=sampling,
+        endpoint=answer.endpoint,
+        http_status=answer.status,
+        response=response,
+        status=status_of(answer.status),
+        attempts=answer.attempts,
+        latency_ms=answer.latency_ms,
+    )
+
+
+def call_data(
+    *,
+    served_model: str,
+    request: dict[str, Any],
+    sampling: Sampling,
+    endpoint: Model | None,
+    http_status: int | None,
+    response: Any,
+    status: str,
+    attempts: int,
+    latency_ms: float,
+) -> dict[str, Any]:
+    """`data` of a `model_request` event from its parts: the one shape of streamed and unstreamed calls.
+
+    `response` is the parsed upstream body (the assembled one for a stream; None when the agent left
+    before any answer); `endpoint` None means no attempt was made; `attempts` counts the attempts.
+    """
     return {
         "model": served_model,
-        "model_version": endpoint.version,
+        "model_version": endpoint.version if endpoint is not None else None,
         "request": request,
         "response": response,
-        "server": {"model": served_model, "endpoint": endpoint.endpoint, "version": endpoint.version},
-        "latency_ms": round(answer.latency_ms, 3),
-        "http_status": answer.status,
-        "status": "ok" if 200 <= answer.status < 300 else "error",
-        "retry_count": answer.attempts - 1,
+        "server": {
+            "model": served_model,
+            "endpoint": endpoint.endpoint if endpoint is not None else None,
+            "version": endpoint.version if endpoint is not None else None,
+        },
+        "latency_ms": round(latency_ms, 3),
+        "http_status": http_status,
+        "status": status,
+        "retry_count": max(attempts - 1, 0),
         "usage": usage_of(response),
         "finish_reason": finish_reason_of(response),
         "sampling": sampling.as_dict(),
     }
+
+
+def status_of(http_status: int) -> str:
+    """`ok` for a 2xx upstream answer, `error` otherwise."""
+    return "ok" if 200 <= http_status < 300 else "error"
 
 
 def loads(raw: bytes) -> Any:

@@ -2,28 +2,51 @@
 
 A model call is checked (mode, path, body, rollout, endpoints), shaped, sent upstream with retries,
 recorded as one `model_request` event committed to the ledger, and only then answered with the
-upstream status and body bytes as they came. The routes are lean (see `api/_common.LeanRoute`):
-the gateway's `FastLane` calls them without FastAPI's per-request machinery.
+upstream status and body bytes as they came. A streamed call (`stream: true`) is relayed event by
+event as the upstream sends it and recorded before its final `[DONE]` (`StreamedCall`). An agent
+that disconnects, streamed or not, cancels the upstream request (`DisconnectWatch`) and its call is
+recorded as `client_disconnected`. The routes are lean (see `api/_common.LeanRoute`): the
+gateway's `FastLane` calls them without FastAPI's per-request machinery.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import orjson
 import structlog
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
+from starlette.types import Receive, Scope, Send
 
 from keraunos.gateway.api._common import LeanRoute, _raw_body, dump_json, id_checked
-from keraunos.gateway.proxy.record import MODEL_REQUEST, loads, model_request_data
-from keraunos.gateway.proxy.shaping import shape_request
+from keraunos.gateway.proxy.record import (
+    CLIENT_DISCONNECTED,
+    MODEL_REQUEST,
+    call_data,
+    loads,
+    model_request_data,
+)
+from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.state import ProxyState
-from keraunos.gateway.proxy.upstream import Answer, Failure, call_upstream
+from keraunos.gateway.proxy.stream import (
+    DONE_EVENT,
+    SseSplitter,
+    StreamAssembler,
+    ask_for_usage,
+    classify,
+    error_event,
+    is_usage_only,
+)
+from keraunos.gateway.proxy.upstream import Answer, Failure, Opened, Progress, call_upstream, describe
 from keraunos.ledger.errors import LedgerUnavailable, RolloutNotFound
+from keraunos.protocol import Model
 
 log = structlog.get_logger("keraunos.gateway.proxy")
 
@@ -72,10 +95,87 @@ async def model_call(request: Request, rollout_id: str, attempt_id: str, mode: s
     if pause.paused:
         return _paused(state)
     pause.admit()
+    handed_over = False
     try:
-        return await _forward(state, request, rollout_id, attempt_id, mode, path, temperature)
+        response = await _forward(state, request, rollout_id, attempt_id, mode, path, temperature)
+        # A stream stays in flight until its record is committed: the response releases it.
+        handed_over = isinstance(response, StreamedCall)
+        return response
     finally:
-        pause.release()
+        if not handed_over:
+            pause.release()
+
+
+@dataclass(slots=True)
+class _Call:
+    """One admitted model call: what its record, its log lines and its metrics need."""
+
+    state: ProxyState
+    rollout_id: str
+    attempt_id: str
+    mode: str
+    path: str
+    request: dict[str, Any]
+    sampling: Sampling
+    stream: bool
+    started: float  # perf_counter() when the call was admitted
+    upstream_at: float = 0.0  # perf_counter() when the first upstream attempt began
+
+    def data(
+        self,
+        *,
+        endpoint: Model | None,
+        http_status: int | None,
+        response: Any,
+        status: str,
+        attempts: int,
+        latency_ms: float,
+    ) -> dict[str, Any]:
+        return call_data(
+            served_model=self.state.config.served_model,
+            request=self.request,
+            sampling=self.sampling,
+            endpoint=endpoint,
+            http_status=http_status,
+            response=response,
+            status=status,
+            attempts=attempts,
+            latency_ms=latency_ms,
+        )
+
+    async def commit(self, data: dict[str, Any]) -> LedgerUnavailable | RolloutNotFound | None:
+        """Commit the call's `model_request` event; the error when it could not be, else None."""
+        state = self.state
+        tick = time.perf_counter()
+        try:
+            await state.ledger.append_event(
+                self.rollout_id, self.attempt_id, MODEL_REQUEST, data, time.time()
+            )
+        except LedgerUnavailable as exc:
+            log.error(
+                "model call not recorded: ledger unavailable", rollout_id=self.rollout_id, error=str(exc)
+            )
+            state.metrics.record_failed()
+            return exc
+        except RolloutNotFound as exc:
+            state.rollouts.forget(self.rollout_id)  # deleted meanwhile, perhaps through another replica
+            state.metrics.record_failed()
+            return exc
+        finally:
+            state.metrics.commit(time.perf_counter() - tick)
+        return None
+
+    def count(self, data: dict[str, Any], upstream_s: float | None, overhead_s: float, attempts: int) -> None:
+        """Update the metrics for this call, which ended as `data` records it."""
+        self.state.metrics.call(
+            status=data["status"],
+            mode=self.mode,
+            stream=self.stream,
+            attempts=attempts,
+            upstream_s=upstream_s,
+            overhead_s=max(overhead_s, 0.0),
+            usage=data["usage"],
+        )
 
 
 async def _forward(
@@ -87,6 +187,7 @@ async def _forward(
     path: str,
     temperature: float,
 ) -> Response:
+    started = time.perf_counter()
     raw = await _raw_body(request)
     try:
         body = loads(raw)
@@ -94,8 +195,6 @@ async def _forward(
         return gateway_error(400, f"Request body is not valid JSON: {exc}")
     if not isinstance(body, dict):
         return gateway_error(400, "Request body must be a JSON object")
-    if body.get("stream"):
-        return gateway_error(400, "Streaming responses are not supported yet")
     await _check_rollout(state, rollout_id)
     config = state.config
     endpoints = await state.endpoints.endpoints(config.served_model)
@@ -108,19 +207,37 @@ async def _forward(
     shaped, sampling = shape_request(
         body, served_model=config.served_model, mode=mode, temperature=temperature, path=path
     )
+    streamed = body.get("stream") is True
+    strip_usage = False
+    if streamed:
+        shaped, agent_asked = ask_for_usage(shaped)
+        strip_usage = not agent_asked
     try:
         payload = dump_json(shaped)
     except (TypeError, ValueError) as exc:  # e.g. a lone surrogate in a string
         return gateway_error(400, f"Request body cannot be forwarded as JSON: {exc}")
-    outcome = await call_upstream(
-        state.session,
-        rollout_id=rollout_id,
-        endpoints=endpoints,
-        path=path,
-        body=payload,
-        policy=state.policy,
-        cooldowns=state.cooldowns,
-    )
+    call = _Call(state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started)
+    progress = Progress()
+    watch = DisconnectWatch(request.receive)
+    call.upstream_at = time.perf_counter()
+    try:
+        with watch:
+            outcome = await call_upstream(
+                state.session,
+                rollout_id=rollout_id,
+                endpoints=endpoints,
+                path=path,
+                body=payload,
+                policy=state.policy,
+                cooldowns=state.cooldowns,
+                stream=streamed,
+                progress=progress,
+            )
+    except asyncio.CancelledError:
+        if not watch.disconnected:
+            raise
+        _uncancel()
+        return await _agent_left(call, progress)
     if isinstance(outcome, Failure):
         log.warning(
             "model call failed, nothing recorded",
@@ -131,23 +248,237 @@ async def _forward(
             attempts=outcome.attempts,
             error=outcome.message,
         )
+        state.metrics.lost(
+            reason=outcome.kind,
+            mode=mode,
+            stream=streamed,
+            attempts=outcome.attempts,
+            upstream_s=time.perf_counter() - call.upstream_at,
+        )
         return _failure(outcome)
+    if isinstance(outcome, Opened):
+        return StreamedCall(call, outcome, strip_usage=strip_usage, release=state.pause.release)
     data = model_request_data(
         served_model=config.served_model, request=shaped, sampling=sampling, answer=outcome
     )
-    try:
-        await state.ledger.append_event(rollout_id, attempt_id, MODEL_REQUEST, data, time.time())
-    except LedgerUnavailable as exc:
-        log.error("model call not recorded: ledger unavailable", rollout_id=rollout_id, error=str(exc))
+    error = await call.commit(data)
+    upstream_s = outcome.latency_ms / 1000.0
+    call.count(data, upstream_s, time.perf_counter() - started - upstream_s, outcome.attempts)
+    if isinstance(error, LedgerUnavailable):
         return gateway_error(
             503,
-            f"The model call was made but could not be recorded ({exc}); retry the call",
+            f"The model call was made but could not be recorded ({error}); retry the call",
             attempts=outcome.attempts,
         )
-    except RolloutNotFound:
-        state.rollouts.forget(rollout_id)  # deleted meanwhile, perhaps through another replica
-        raise
+    if error is not None:
+        raise error
     return _passthrough(outcome)
+
+
+async def _agent_left(call: _Call, progress: Progress) -> Response:
+    """Record a call whose agent disconnected before any answer: no response, `client_disconnected`."""
+    waited = time.perf_counter() - call.upstream_at
+    data = call.data(
+        endpoint=progress.endpoint,
+        http_status=None,
+        response=None,
+        status=CLIENT_DISCONNECTED,
+        attempts=progress.attempts,
+        latency_ms=waited * 1000.0,
+    )
+    await call.commit(data)
+    call.count(data, waited, call.upstream_at - call.started, progress.attempts)
+    log.info(
+        "agent disconnected while waiting for the model; upstream call cancelled",
+        rollout_id=call.rollout_id,
+        attempt_id=call.attempt_id,
+        attempts=progress.attempts,
+        waited_ms=round(waited * 1000.0, 1),
+    )
+    return Response(b"", status_code=499)  # nobody reads it: the connection is gone
+
+
+def _uncancel() -> None:
+    """Forget the cancellation `DisconnectWatch` asked for, once it has been handled."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+class DisconnectWatch:
+    """While active (`with`), cancel the current task as soon as the agent disconnects.
+
+    A task of its own waits on ASGI `receive()`, which, once the request body has been read,
+    returns only `http.disconnect`: the normal path pays one task start and no polling. After a
+    cancellation, `disconnected` tells it apart from any other (a server shutting down).
+    """
+
+    __slots__ = ("_receive", "_task", "disconnected")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[None] | None = None
+        self.disconnected = False
+
+    def __enter__(self) -> DisconnectWatch:
+        target = asyncio.current_task()
+        assert target is not None, "DisconnectWatch runs inside a task"
+        self._task = asyncio.get_running_loop().create_task(self._watch(target))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
+    async def _watch(self, target: asyncio.Task[Any]) -> None:
+        try:
+            while (await self._receive())["type"] != "http.disconnect":
+                pass
+        except Exception as exc:  # a receive that fails says nothing about the agent; stop watching
+            log.debug("disconnect watch stopped", error=str(exc))
+            return
+        self.disconnected = True
+        target.cancel()
+
+
+class StreamedCall(Response):
+    """The answer to a streamed call: upstream events relayed as they come, recorded, then ended.
+
+    Each complete SSE event goes to the agent with the upstream's own bytes, except the final
+    `data: [DONE]` (held back until the assembled call is committed to the ledger) and the
+    usage-only chunk when the agent did not ask for usage. Then the stream ends with `[DONE]`, or
+    with an SSE error event (`source` upstream when the model server failed mid-stream, gateway when
+    the record could not be committed). An agent that disconnects cancels the upstream request and
+    the call is recorded as `client_disconnected`. The call counts as in flight until the end.
+    """
+
+    def __init__(
+        self, call: _Call, opened: Opened, *, strip_usage: bool, release: Callable[[], None]
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self._call = call
+        self._opened = opened
+        self._strip_usage = strip_usage
+        self._release = release
+        self._done = False
+        content_type = opened.response.headers.get("Content-Type", "text/event-stream")
+        self.raw_headers = [
+            (b"content-type", content_type.encode("latin-1")),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._relay(receive, send)
+        finally:
+            self._opened.close()  # a no-op once the connection went back to the pool
+            self._release()
+
+    async def _relay(self, receive: Receive, send: Send) -> None:
+        call, opened = self._call, self._opened
+        assembler = StreamAssembler(chat=call.path == "chat/completions")
+        splitter = SseSplitter()
+        content = opened.response.content
+        watch = DisconnectWatch(receive)
+        status = "ok"
+        problem: str | None = None
+        at_eof = False
+        handling = 0.0  # time spent on the events themselves: gateway overhead within the stream
+        try:
+            with watch:
+                await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+                data = opened.first
+                while data:
+                    tick = time.perf_counter()
+                    out = self._take(splitter.feed(data), assembler)
+                    handling += time.perf_counter() - tick
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    data = await content.readany()
+                at_eof = True
+                rest = splitter.rest()
+                if rest.strip():  # an unterminated last event: read it as if it were complete
+                    out = self._take([rest], assembler)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+        except asyncio.CancelledError:
+            if not watch.disconnected:
+                raise
+            _uncancel()
+            status = CLIENT_DISCONNECTED
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            if not self._done:  # after [DONE] the call is complete, whatever the connection does
+                problem = describe(exc, opened.endpoint.endpoint)
+        upstream_end = time.perf_counter()
+        latency_s = time.monotonic() - opened.started
+        if at_eof:
+            opened.release()
+        else:
+            opened.close()
+        if status == "ok":
+            if problem is None and not self._done and not assembler.finished:
+                problem = "the stream ended before data: [DONE]"
+            if problem is not None or assembler.error is not None:
+                status = "error"
+        response = assembler.response()
+        if problem is not None and "error" not in response:
+            response["error"] = {"message": problem, "source": "upstream"}
+        data = call.data(
+            endpoint=opened.endpoint,
+            http_status=200,
+            response=response,
+            status=status,
+            attempts=opened.attempts,
+            latency_ms=latency_s * 1000.0,
+        )
+        error = await call.commit(data)
+        if status == CLIENT_DISCONNECTED:
+            log.info(
+                "agent disconnected during a stream; upstream call cancelled",
+                rollout_id=call.rollout_id,
+                attempt_id=call.attempt_id,
+                chunks=assembler.chunks,
+            )
+        elif problem is not None:
+            log.warning(
+                "model endpoint failed mid-stream",
+                rollout_id=call.rollout_id,
+                attempt_id=call.attempt_id,
+                endpoint=opened.endpoint.endpoint,
+                error=problem,
+                recorded=error is None,
+            )
+            await send({"type": "http.response.body", "body": error_event(problem, "upstream")})
+        elif error is not None:
+            await send({"type": "http.response.body", "body": error_event(_unrecorded(error), "gateway")})
+        else:
+            await send({"type": "http.response.body", "body": DONE_EVENT})
+        overhead = (call.upstream_at - call.started) + handling + (time.perf_counter() - upstream_end)
+        call.count(data, latency_s, overhead, opened.attempts)
+
+    def _take(self, events: list[bytes], assembler: StreamAssembler) -> bytes:
+        """Fold `events` into the assembly; the bytes of those the agent gets, as they came."""
+        keep: list[bytes] = []
+        for event in events:
+            kind, chunk = classify(event)
+            if kind == "chunk":
+                assembler.add(chunk)
+                if self._strip_usage and is_usage_only(chunk):
+                    continue
+            elif kind == "done":
+                self._done = True
+                continue
+            keep.append(event)
+        return keep[0] if len(keep) == 1 else b"".join(keep)
+
+
+def _unrecorded(error: Exception) -> str:
+    if isinstance(error, RolloutNotFound):
+        return f"The model call was made but not recorded: {error}"
+    return f"The model call was made but could not be recorded ({error}); retry the call"
 
 
 async def _check_rollout(state: ProxyState, rollout_id: str) -> None:

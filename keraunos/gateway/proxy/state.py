@@ -17,6 +17,7 @@ import aiohttp
 import structlog
 
 from keraunos.gateway.config import GatewayConfig
+from keraunos.gateway.metrics import GatewayMetrics
 from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts
 from keraunos.gateway.proxy.routing import Cooldowns
 from keraunos.gateway.proxy.upstream import RetryPolicy
@@ -59,15 +60,17 @@ class Pause:
 
 
 class ProxyState:
-    """Everything the proxy routes share: config, caches, endpoint health, pause, the HTTP client."""
+    """Everything the proxy routes share: config, caches, endpoint health, pause, metrics, the HTTP client."""
 
-    def __init__(self, config: GatewayConfig, ledger: Ledger) -> None:
+    def __init__(self, config: GatewayConfig, ledger: Ledger, metrics: GatewayMetrics | None = None) -> None:
         self.config = config
         self.ledger = ledger
+        self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.endpoints = EndpointCache(ledger, config.models_refresh_s)
         self.rollouts = KnownRollouts()
         self.cooldowns = Cooldowns()
         self.pause = Pause()
+        self.metrics.watch_inflight(lambda: self.pause.inflight)
         self.policy = RetryPolicy(
             max_attempts=config.proxy_max_attempts,
             backoff_initial_s=config.proxy_backoff_initial_s,

@@ -5,6 +5,10 @@ backoff. Only a timeout, a connection problem or a 503 puts the endpoint in cool
 nothing about the replica's health), and each retry asks routing again, so a retry after an
 ejection goes to the rollout's next choice. When the attempts run out on a retryable status, that
 last response is the result; when they run out on a timeout or transport error, there is none.
+
+A streamed call (`stream=True`) whose upstream answers 200 with an event stream is handed back
+open (`Opened`) once its first bytes have arrived: up to then it is retried like any call, after
+that never, since bytes may have reached the agent.
 """
 
 from __future__ import annotations
@@ -63,6 +67,37 @@ class Answer:
     latency_ms: float
 
 
+@dataclass(slots=True)
+class Opened:
+    """A streamed call whose upstream answered 200 with an event stream, still open.
+
+    `first` is the first piece of the body; the rest is read from `response.content`. Whoever gets
+    an `Opened` must `close()` it. `started` is the `clock()` reading when the first attempt began.
+    """
+
+    response: aiohttp.ClientResponse
+    first: bytes
+    endpoint: Model
+    attempts: int
+    started: float
+
+    def close(self) -> None:
+        """Drop the upstream connection (the model server sees the client go and stops generating)."""
+        self.response.close()
+
+    def release(self) -> None:
+        """Hand the connection back to the pool; the body must have been read to its end."""
+        self.response.release()
+
+
+@dataclass(slots=True)
+class Progress:
+    """How far a call has got: readable when the call is cancelled midway (the agent left)."""
+
+    attempts: int = 0
+    endpoint: Model | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     """Every attempt ended without a response: `kind` says how the last one failed."""
@@ -82,32 +117,47 @@ async def call_upstream(
     body: bytes,
     policy: RetryPolicy,
     cooldowns: Cooldowns,
+    stream: bool = False,
+    progress: Progress | None = None,
     jitter: Callable[[], float] = lambda: random.uniform(0.75, 1.25),
     clock: Callable[[], float] = time.monotonic,
-) -> Answer | Failure:
+) -> Answer | Failure | Opened:
     """POST `body` (JSON) to `path` of the rollout's endpoint, retrying per `policy`.
 
     `latency_ms` of the answer covers every attempt and the waits between them: what the agent
-    waited for the model. `endpoints` must not be empty.
+    waited for the model. `endpoints` must not be empty. With `stream`, a 200 event stream comes
+    back as `Opened` (any other answer is read whole, as without `stream`). `progress`, when given,
+    is kept up to date with the attempt number and endpoint.
     """
     by_url = {model.endpoint: model for model in endpoints}
     urls = list(by_url)
     start = clock()
     outcome: Answer | Failure | None = None
+    headers = _SSE_HEADERS if stream else _JSON_HEADERS
     for attempt in range(1, policy.max_attempts + 1):
         url = choose(rollout_id, urls, cooldowns, clock())
         assert url is not None, "call_upstream needs at least one endpoint"
         endpoint = by_url[url]
+        if progress is not None:
+            progress.attempts, progress.endpoint = attempt, endpoint
         try:
-            async with session.post(
-                f"{url.rstrip('/')}/{path}", data=body, headers=_JSON_HEADERS, allow_redirects=False
-            ) as response:
+            response = await session.post(
+                f"{url.rstrip('/')}/{path}", data=body, headers=headers, allow_redirects=False
+            )
+            try:
+                if stream and response.status == 200 and response.content_type == "text/event-stream":
+                    first = await response.content.readany()
+                    return Opened(response, first, endpoint, attempt, start)
                 content = await response.read()
+            except BaseException:
+                response.close()
+                raise
+            response.release()
         except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
-            outcome = Failure("timeout", _describe(exc, url), endpoint, attempt)
+            outcome = Failure("timeout", describe(exc, url), endpoint, attempt)
             _eject(cooldowns, url, clock(), policy, rollout_id, outcome.message)
         except aiohttp.ClientError as exc:
-            outcome = Failure("transport", _describe(exc, url), endpoint, attempt)
+            outcome = Failure("transport", describe(exc, url), endpoint, attempt)
             _eject(cooldowns, url, clock(), policy, rollout_id, outcome.message)
         else:
             status = response.status
@@ -132,6 +182,7 @@ async def call_upstream(
 
 
 _JSON_HEADERS = {"content-type": "application/json", "accept": "application/json"}
+_SSE_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 
 
 def _eject(
@@ -148,6 +199,7 @@ def _eject(
     cooldowns.eject(url, now, policy.cooldown_s)
 
 
-def _describe(exc: Exception, url: str) -> str:
+def describe(exc: BaseException, url: str) -> str:
+    """One line saying what went wrong calling `url`: the exception's type and message."""
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__} calling {url}: {text}"
