@@ -41,7 +41,6 @@ _TERMINAL_POSITION = "(SELECT value FROM counters WHERE name = 'terminal_positio
 
 _RUNNING = AttemptState.RUNNING.value
 _FINISHED = AttemptState.FINISHED.value
-_CANCELLED = AttemptState.CANCELLED.value
 
 
 def attempt_from_row(row: tuple[Any, ...]) -> AttemptDetail:
@@ -256,15 +255,6 @@ def expire(conn: sqlite3.Connection, now: float, limit: int) -> list[tuple[str, 
     for rollout_id, attempt_id in due:
         _lose(conn, _target(conn, rollout_id, attempt_id), now)
     return [(rollout_id, attempt_id) for rollout_id, attempt_id in due]
-
-
-def cancel_live(conn: sqlite3.Connection, rollout_id: str, state: RolloutState, now: float) -> None:
-    """End the live attempt of a rollout that a status patch moved to terminal `state`."""
-    conn.execute(
-        "UPDATE attempts SET state = ?, ended_at = ?, lease_expires_at = NULL, reason = ? "
-        "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND state = ?",
-        (_CANCELLED, now, f"the rollout was set to {state.value} by a status patch", rollout_id, _RUNNING),
-    )
 
 
 def _attempt(conn: sqlite3.Connection, target: _Target) -> AttemptDetail:

@@ -267,20 +267,17 @@ class SqliteLedger(Ledger):
     async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
         contexts = self._contexts
 
-        terminal = patch.state in TERMINAL_STATES
-
         def op(conn: sqlite3.Connection) -> Rollout:
+            # A move into a terminal state also ends the rollout's live attempt, in the same
+            # statement (a trigger of the schema), so its agent token is fenced.
             rollout = _patch_one(conn, rollout_id, patch, now)
-            if patch.state is not None and terminal:
-                # Its live attempt ends with it, so that attempt's agent token is fenced.
-                attempts.cancel_live(conn, rollout_id, patch.state, now)
+            if patch.state in TERMINAL_STATES:
                 # A finished rollout rarely gets more model calls: free its contexts (a later call
                 # is simply stored in full).
                 contexts.drop_rollout(rollout_id)
             return rollout
 
-        # Without a terminal move it writes with one UPDATE: no savepoint needed.
-        return await self._write(op, savepoint=terminal)
+        return await self._write(op, savepoint=False)  # writes with one UPDATE
 
     async def delete_rollout(self, rollout_id: str) -> None:
         contexts = self._contexts
