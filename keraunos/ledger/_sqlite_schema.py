@@ -94,18 +94,6 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX attempts_live_by_lease ON attempts (lease_expires_at) WHERE state = 'running';
 
-    -- A rollout made terminal by anyone (a status patch, a v1.0 client) ends its live attempt in
-    -- the same statement, so that attempt's agent token is fenced at once. (The attempt protocol
-    -- ends its own attempts before it moves a rollout, so this finds nothing live then.)
-    CREATE TRIGGER rollouts_end_live_attempt
-    AFTER UPDATE OF state ON rollouts
-    WHEN NEW.state IN ('succeeded', 'failed') AND OLD.state NOT IN ('succeeded', 'failed')
-    BEGIN
-        UPDATE attempts SET state = 'cancelled', ended_at = NEW.updated_at, lease_expires_at = NULL,
-            reason = 'the rollout was set to ' || NEW.state || ' by a status patch'
-        WHERE rollout = NEW.id AND state = 'running';
-    END;
-
     CREATE TABLE attempt_logs (
         rollout         INTEGER NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
         attempt_id      TEXT NOT NULL,
@@ -114,6 +102,19 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at      REAL NOT NULL,
         PRIMARY KEY (rollout, attempt_id)
     );
+    """,
+    # 3: a rollout made terminal by anyone (a status patch, a v1.0 client) ends its live attempt in
+    # the same statement, so that attempt's agent token is fenced at once. (The attempt protocol
+    # ends its own attempts before it moves a rollout, so this finds nothing live then.)
+    """
+    CREATE TRIGGER rollouts_end_live_attempt
+    AFTER UPDATE OF state ON rollouts
+    WHEN NEW.state IN ('succeeded', 'failed') AND OLD.state NOT IN ('succeeded', 'failed')
+    BEGIN
+        UPDATE attempts SET state = 'cancelled', ended_at = NEW.updated_at, lease_expires_at = NULL,
+            reason = 'the rollout was set to ' || NEW.state || ' by a status patch'
+        WHERE rollout = NEW.id AND state = 'running';
+    END;
     """,
 )
 
