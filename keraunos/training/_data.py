@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,7 +34,6 @@ class CompletedRollout:
     triplets: list[Triplet]
     reward: float
     succeeded: bool = True
-    metadata: dict[str, object] = field(default_factory=dict)
 
     @property
     def model_versions(self) -> list[int]:

@@ -1,0 +1,447 @@
+"""The rollout collector: create groups of rollouts, wait for them, read their calls (async HTTP).
+
+For each dataset row the collector creates `n` sibling rollouts with ids it chooses itself
+(`{run_id}.s{step}.i{row}.{k}`), so a retried creation returns the existing rollouts instead of
+making new ones. It never edits `input`: the group key goes to `metadata.data_id`, the step and the
+row's place in it to `metadata.batch_idx` and `metadata.sample_idx_in_batch`. It learns that
+rollouts finished from the terminal cursor (`GET /api/rollouts/terminal?after=`, one request per
+poll whatever the number of rollouts in flight), then reads each finished rollout's events in
+triplet form — `delta=1` when `/api/info` lists `triplet-delta`, Agent Lightning v1.0's full
+triplet form otherwise (a v1.0 server answers `/api/info` with 404).
+
+- `mode="sync"`: each `collect` takes `batch_size` rows and waits until all their groups are
+  complete (every sibling terminal) or timed out.
+- `mode="async"`: each `collect` keeps `async_batch_size` groups in flight, pulling rows from the
+  iterable it is given, and returns as soon as `batch_size` groups are complete; the rest carry
+  over to the next call. With `max_staleness`, a group whose oldest recorded model version lags
+  the current one by more than that is dropped when it would be returned.
+
+`pause_and_drain` / `resume` bracket a weight update: new proxied calls are refused (429) while the
+ones in flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self
+
+import httpx
+import structlog
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from keraunos._settings import LayeredSettings
+from keraunos.protocol import RolloutConfig
+from keraunos.training._data import CompletedRollout
+from keraunos.training._outcome import FailedPolicy, SiblingOutcome, settle_group
+from keraunos.training._read import ReadResult, TripletReadError, read_events_json
+
+log = structlog.get_logger("keraunos.training.collect")
+
+TERMINAL = frozenset({"succeeded", "failed"})
+DELTA_FEATURE = "triplet-delta"
+
+
+class CollectorConfig(LayeredSettings):
+    """Every knob of the collector; environment variables `KERAUNOS_COLLECT_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix="KERAUNOS_COLLECT_", extra="forbid")
+
+    server_url: str = Field(description="Gateway (or Agent Lightning v1.0 server) base URL.")
+    key: str = Field(default="", description="Server key, sent as a Bearer token.")
+    run_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex[:12],
+        pattern=r"^[A-Za-z0-9_:-]{1,64}$",
+        description="Prefix of the rollout ids; reuse it to resume a run without duplicates.",
+    )
+    n: int = Field(default=4, ge=1, description="Rollouts per dataset row (the group size).")
+    batch_size: int = Field(default=8, ge=1, description="Groups returned per collect call.")
+    mode: Literal["sync", "async"] = Field(default="sync", description="sync | async (carry-over).")
+    async_batch_size: int | None = Field(
+        default=None, ge=1, description="Async: groups kept in flight (default: batch_size)."
+    )
+    max_staleness: int | None = Field(
+        default=None, ge=0, description="Drop groups whose oldest call lags this many model versions."
+    )
+    failed_rollouts: FailedPolicy = Field(
+        default="drop", description="drop: failed rollouts yield no rows; fill: train them with fill_reward."
+    )
+    fill_reward: float = Field(
+        default=0.0, description="Reward of filled failed rollouts and of succeeded ones without a reward."
+    )
+    min_group_size: int = Field(
+        default=2, ge=1, description="Groups with fewer training rollouts are dropped."
+    )
+    is_train: bool = Field(default=True, description="`is_train` of the created rollouts.")
+    rollout_config: RolloutConfig | None = Field(
+        default=None, description="`config` of the created rollouts."
+    )
+    poll_interval_s: float = Field(default=1.0, gt=0, description="Seconds between terminal-cursor polls.")
+    group_timeout_s: float = Field(
+        default=7200.0,
+        gt=0,
+        description="A group still unfinished this long after creation completes "
+        "without its unfinished siblings.",
+    )
+    request_timeout_s: float = Field(default=60.0, gt=0, description="Timeout of one HTTP request.")
+    http_retries: int = Field(default=5, ge=0, description="Retries of an idempotent request on errors.")
+    retry_backoff_s: float = Field(default=0.5, ge=0, description="First retry delay, doubled each retry.")
+    terminal_page_size: int = Field(default=1000, ge=1, description="Items per terminal-cursor page.")
+    create_chunk: int = Field(default=256, ge=1, description="Rollouts per creation request.")
+    read_concurrency: int = Field(default=8, ge=1, description="Event reads in parallel.")
+    drain_poll_interval_s: float = Field(default=0.2, gt=0, description="Seconds between drain checks.")
+    pause_retry_after_s: int = Field(default=5, ge=0, description="Retry-After agents get while paused.")
+
+    @model_validator(mode="after")
+    def _async_in_flight(self) -> Self:
+        if self.async_batch_size is not None and self.async_batch_size < self.batch_size:
+            raise ValueError(f"async_batch_size {self.async_batch_size} < batch_size {self.batch_size}")
+        return self
+
+
+class CollectorError(RuntimeError):
+    """The server answered in a way the collector cannot work with; the message says what and where."""
+
+
+@dataclass
+class RolloutGroup:
+    """The siblings of one dataset row that yield training rows (at least `min_group_size`)."""
+
+    group_id: str
+    step: int
+    index: int
+    row: Any
+    rollouts: list[CompletedRollout]
+    staleness: int | None = None
+
+
+@dataclass
+class CollectedBatch:
+    """What one `collect` call returns: complete groups and counters (see docs/training-data.md)."""
+
+    step: int
+    groups: list[RolloutGroup]
+    metrics: dict[str, float]
+
+    @property
+    def rollouts(self) -> list[CompletedRollout]:
+        """Every training rollout of the batch, group by group."""
+        return [rollout for group in self.groups for rollout in group.rollouts]
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """What `pause_and_drain` saw: calls in flight at the pause, how long draining took, what was left."""
+
+    inflight_at_pause: int
+    drain_seconds: float
+    inflight_at_timeout: int
+
+    @property
+    def drained(self) -> bool:
+        return self.inflight_at_timeout == 0
+
+
+@dataclass
+class _Group:
+    group_id: str
+    step: int
+    index: int
+    row: Any
+    rollout_ids: list[str]
+    submitted_at: float
+    states: dict[str, str | None] = field(default_factory=dict)
+
+    def complete(self) -> bool:
+        return all(self.states.get(rid) in TERMINAL for rid in self.rollout_ids)
+
+
+class RolloutCollector:
+    """Creates rollout groups on a gateway and hands back complete ones; use as `async with`."""
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self._client: httpx.AsyncClient | None = None
+        self._cursor = 0
+        self._delta = False
+        self._in_flight: dict[str, _Group] = {}
+        self._by_rollout: dict[str, str] = {}
+        self._ready: deque[RolloutGroup] = deque()
+        self._highest_version: int | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def uses_delta(self) -> bool:
+        """Whether the server has the compact triplet read (known after `open`)."""
+        return self._delta
+
+    async def open(self) -> None:
+        """Connect, detect the server's extensions and start the terminal cursor at its end."""
+        headers = {"Authorization": f"Bearer {self.config.key}"} if self.config.key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.config.server_url.rstrip("/"),
+            headers=headers,
+            timeout=self.config.request_timeout_s,
+        )
+        info = await self._request("GET", "/api/info", ok=(200, 404))
+        features = info.json().get("features", []) if info.status_code == 200 else []
+        self._delta = DELTA_FEATURE in features
+        page = await self._request("GET", "/api/rollouts/terminal", params={"after": 0, "limit": 1})
+        self._cursor = int(page.json()["total_terminal"])
+        log.info("collector ready", server=self.config.server_url, delta=self._delta, cursor=self._cursor)
+
+    async def close(self) -> None:
+        """Close the HTTP client; rollouts in flight stay on the server."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def collect(
+        self, step: int, rows: Iterable[Any], *, model_version: int | None = None
+    ) -> CollectedBatch:
+        """Complete groups for training step `step`, pulling dataset rows from `rows` as needed.
+
+        Sync mode takes `batch_size` rows and waits for all their groups; async mode tops the
+        groups in flight up to `async_batch_size` and returns the first `batch_size` complete ones
+        (pass the same iterator on every call). `model_version` is the policy's current version
+        for `max_staleness` (default: the highest version recorded on any call read so far).
+        """
+        started = time.monotonic()
+        counts: Counter[str] = Counter()
+        source = iter(rows)
+        index = itertools.count()
+        if self.config.mode == "sync":
+            await self._submit(step, itertools.islice(source, self.config.batch_size), index, counts)
+            while self._in_flight:
+                await self._poll(counts)
+                if self._in_flight:
+                    await asyncio.sleep(self.config.poll_interval_s)
+            groups = self._take(len(self._ready), model_version, counts)
+        else:
+            groups = await self._collect_async(step, source, index, model_version, counts)
+        return CollectedBatch(step, groups, self._metrics(step, groups, counts, time.monotonic() - started))
+
+    async def pause_and_drain(self, timeout_s: float) -> DrainReport:
+        """Pause the proxy and wait up to `timeout_s` for the model calls in flight to finish."""
+        body = {"retry_after_seconds": self.config.pause_retry_after_s, "reason": "weight update"}
+        started = time.monotonic()
+        at_pause = int((await self._request("POST", "/proxy/pause", json=body)).json()["inflight"])
+        inflight = at_pause
+        while inflight > 0 and time.monotonic() - started < timeout_s:
+            await asyncio.sleep(self.config.drain_poll_interval_s)
+            inflight = int((await self._request("GET", "/proxy/state")).json()["inflight"])
+        report = DrainReport(at_pause, time.monotonic() - started, inflight)
+        log.info("proxy paused", inflight_at_pause=at_pause, drain_s=report.drain_seconds, left=inflight)
+        return report
+
+    async def resume(self) -> None:
+        """Let proxied model calls through again."""
+        await self._request("POST", "/proxy/resume")
+
+    # -- submission and waiting ------------------------------------------------------------------
+
+    async def _collect_async(
+        self,
+        step: int,
+        source: Iterator[Any],
+        index: Iterator[int],
+        model_version: int | None,
+        counts: Counter[str],
+    ) -> list[RolloutGroup]:
+        target = self.config.batch_size
+        in_flight = self.config.async_batch_size or target
+        returned: list[RolloutGroup] = []
+        exhausted = False
+        while True:
+            returned += self._take(target - len(returned), model_version, counts)
+            if len(returned) >= target:
+                return returned
+            room = in_flight - len(self._in_flight)
+            if room > 0 and not exhausted:
+                rows = list(itertools.islice(source, room))
+                exhausted = len(rows) < room
+                await self._submit(step, rows, index, counts)
+            if not self._in_flight:
+                return returned
+            await self._poll(counts)
+            if not self._ready:
+                await asyncio.sleep(self.config.poll_interval_s)
+
+    async def _submit(
+        self, step: int, rows: Iterable[Any], index: Iterator[int], counts: Counter[str]
+    ) -> None:
+        """Create `n` rollouts for each row, in chunks; existing ids come back unchanged."""
+        items: list[dict[str, Any]] = []
+        now = time.monotonic()
+        for row in rows:
+            i = next(index)
+            group_id = f"{self.config.run_id}.s{step}.i{i}"
+            rollout_ids = [f"{group_id}.{k}" for k in range(self.config.n)]
+            self._in_flight[group_id] = _Group(group_id, step, i, row, rollout_ids, now)
+            metadata = {"data_id": group_id, "batch_idx": step, "sample_idx_in_batch": i}
+            for rid in rollout_ids:
+                self._by_rollout[rid] = group_id
+                item: dict[str, Any] = {"input": row, "is_train": self.config.is_train, "metadata": metadata}
+                if self.config.rollout_config is not None:
+                    item["config"] = self.config.rollout_config.model_dump(exclude_none=True)
+                items.append({**item, "rollout_id": rid})
+            counts["groups_submitted"] += 1
+        for start in range(0, len(items), self.config.create_chunk):
+            chunk = items[start : start + self.config.create_chunk]
+            created = (await self._request("POST", "/api/rollouts", json=chunk, ok=(201,))).json()
+            for rollout in created:
+                # A retried creation (or a resumed run) may find rollouts that already finished.
+                state = rollout.get("status", {}).get("state")
+                group = self._in_flight.get(self._by_rollout.get(rollout.get("rollout_id"), ""))
+                if group is not None and state in TERMINAL:
+                    group.states[rollout["rollout_id"]] = state
+        counts["rollouts_created"] += len(items)
+
+    async def _poll(self, counts: Counter[str]) -> None:
+        """Advance the terminal cursor, then settle every group that is complete or timed out."""
+        while True:
+            page = (
+                await self._request(
+                    "GET",
+                    "/api/rollouts/terminal",
+                    params={"after": self._cursor, "limit": self.config.terminal_page_size},
+                )
+            ).json()
+            for item in page["items"]:
+                group = self._in_flight.get(self._by_rollout.get(item["rollout_id"], ""))
+                if group is not None:
+                    group.states[item["rollout_id"]] = item["state"]
+            advanced = int(page["next_after"]) > self._cursor
+            self._cursor = max(self._cursor, int(page["next_after"]))
+            if not advanced or self._cursor >= int(page["total_terminal"]):
+                break
+        now = time.monotonic()
+        done = [
+            g
+            for g in self._in_flight.values()
+            if g.complete() or now - g.submitted_at > self.config.group_timeout_s
+        ]
+        semaphore = asyncio.Semaphore(self.config.read_concurrency)
+        settled = await asyncio.gather(*(self._settle(group, semaphore, counts) for group in done))
+        for group, result in zip(done, settled, strict=True):
+            del self._in_flight[group.group_id]
+            for rid in group.rollout_ids:
+                self._by_rollout.pop(rid, None)
+            if result is not None:
+                self._ready.append(result)
+
+    async def _settle(
+        self, group: _Group, semaphore: asyncio.Semaphore, counts: Counter[str]
+    ) -> RolloutGroup | None:
+        async def read(rid: str) -> SiblingOutcome:
+            state = group.states.get(rid)
+            if state not in TERMINAL or (state == "failed" and self.config.failed_rollouts == "drop"):
+                return SiblingOutcome(rid, state, None)
+            async with semaphore:
+                return SiblingOutcome(rid, state, await self._read(rid))
+
+        siblings = list(await asyncio.gather(*(read(rid) for rid in group.rollout_ids)))
+        kept = settle_group(
+            group.group_id,
+            siblings,
+            failed_rollouts=self.config.failed_rollouts,
+            fill_reward=self.config.fill_reward,
+            min_group_size=self.config.min_group_size,
+            counts=counts,
+        )
+        if kept is None:
+            return None
+        for rollout in kept:
+            for version in rollout.model_versions:
+                if self._highest_version is None or version > self._highest_version:
+                    self._highest_version = version
+        return RolloutGroup(group.group_id, group.step, group.index, group.row, kept)
+
+    async def _read(self, rollout_id: str) -> ReadResult | None:
+        params = {"format": "triplet"} | ({"delta": "1"} if self._delta else {})
+        response = await self._request(
+            "GET", f"/api/rollouts/{rollout_id}/events", params=params, ok=(200, 404)
+        )
+        if response.status_code == 404:
+            log.warning("finished rollout vanished before it was read", rollout_id=rollout_id)
+            return None
+        try:
+            return read_events_json(response.content)
+        except TripletReadError as exc:
+            log.error("rollout events unreadable", rollout_id=rollout_id, error=str(exc))
+            return None
+
+    def _take(self, limit: int, model_version: int | None, counts: Counter[str]) -> list[RolloutGroup]:
+        """Up to `limit` ready groups, oldest first, dropping those that became too stale."""
+        current = model_version if model_version is not None else self._highest_version
+        out: list[RolloutGroup] = []
+        while self._ready and len(out) < limit:
+            group = self._ready.popleft()
+            versions = [v for rollout in group.rollouts for v in rollout.model_versions]
+            group.staleness = current - min(versions) if current is not None and versions else None
+            limit_ = self.config.max_staleness
+            if limit_ is not None and group.staleness is not None and group.staleness > limit_:
+                counts["stale_groups_dropped"] += 1
+                log.info("dropped stale group", group_id=group.group_id, staleness=group.staleness)
+                continue
+            out.append(group)
+        return out
+
+    def _metrics(
+        self, step: int, groups: list[RolloutGroup], counts: Counter[str], seconds: float
+    ) -> dict[str, float]:
+        metrics = {key: float(value) for key, value in counts.items()}
+        metrics["groups"] = float(len(groups))
+        metrics["rollouts"] = float(sum(len(g.rollouts) for g in groups))
+        metrics["wait_s"] = seconds
+        now = time.monotonic()
+        carried = list(self._in_flight.values())
+        metrics["carryover_groups"] = float(len(carried))
+        metrics["carryover_ready_groups"] = float(len(self._ready))
+        ages = [step - g.step for g in carried] + [step - g.step for g in self._ready]
+        metrics["carryover_age_steps_max"] = float(max(ages, default=0))
+        metrics["carryover_age_steps_mean"] = float(sum(ages) / len(ages)) if ages else 0.0
+        metrics["carryover_age_s_max"] = max((now - g.submitted_at for g in carried), default=0.0)
+        staleness = [g.staleness for g in groups if g.staleness is not None]
+        metrics["staleness_max"] = float(max(staleness, default=0))
+        metrics["staleness_mean"] = float(sum(staleness) / len(staleness)) if staleness else 0.0
+        return metrics
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    async def _request(
+        self, method: str, url: str, *, ok: tuple[int, ...] = (200,), **kwargs: Any
+    ) -> httpx.Response:
+        """One idempotent request, retried with doubling backoff on transport errors, 429 and 5xx."""
+        if self._client is None:
+            raise CollectorError("the collector is not open; use `async with RolloutCollector(config)`")
+        delay = self.config.retry_backoff_s
+        for attempt in range(self.config.http_retries + 1):
+            try:
+                response = await self._client.request(method, url, **kwargs)
+            except httpx.TransportError as exc:
+                if attempt == self.config.http_retries:
+                    raise CollectorError(f"{method} {url}: {exc!r} after {attempt + 1} tries") from exc
+            else:
+                if response.status_code in ok:
+                    return response
+                retryable = response.status_code == 429 or response.status_code >= 500
+                if not retryable or attempt == self.config.http_retries:
+                    raise CollectorError(
+                        f"{method} {url}: HTTP {response.status_code}: {response.text[:300]}"
+                    )
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")

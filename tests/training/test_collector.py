@@ -1,0 +1,252 @@
+"""The rollout collector against a real gateway and the engine stand-in (keraunos.training.collect).
+
+Scripted agents (see conftest) play agent and controller: multi-turn calls through the proxy,
+a reward event, then the final state — each rollout as its plan says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from typing import Any
+
+import httpx
+import pytest
+
+from keraunos.testing.processes import Engine, Gateway, unique_id
+from keraunos.training.advantages import AdvantageConfig, rollout_advantages
+from keraunos.training.collect import CollectedBatch, CollectorConfig, RolloutCollector
+from keraunos.training.trajectories import TrajectoryConfig, build_rows
+
+pytestmark = pytest.mark.timeout(60)
+
+ROWS = [{"question": "2+2", "data_id": "q1"}, {"question": "3+3"}]
+
+
+def config(gateway: Gateway, **overrides: Any) -> CollectorConfig:
+    fields: dict[str, Any] = {
+        "server_url": gateway.base_url,
+        "key": gateway.key,
+        "run_id": unique_id("run"),
+        "n": 3,
+        "batch_size": 2,
+        "poll_interval_s": 0.05,
+        "retry_backoff_s": 0.01,
+    }
+    return CollectorConfig(**(fields | overrides))
+
+
+def collect_with(
+    agents: Any, server: Any, cfg: CollectorConfig, script: Any, **kw: Any
+) -> list[CollectedBatch]:
+    async def main() -> list[CollectedBatch]:
+        async with (
+            agents.run(server.base_url, server.key, cfg.run_id, script),
+            RolloutCollector(cfg) as collector,
+        ):
+            return [await collector.collect(0, ROWS, **kw)]
+
+    return asyncio.run(main())
+
+
+def sibling(rollout_id: str) -> int:
+    return int(rollout_id.rsplit(".", 1)[1])
+
+
+def test_sync_collect_returns_complete_groups_read_exactly_from_the_compact_triplets(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway)
+    [batch] = collect_with(
+        agents, collect_gateway, cfg, lambda rid: agents.plan(turns=3, reward=0.5 * sibling(rid))
+    )
+    assert [g.row for g in batch.groups] == ROWS
+    assert [g.group_id for g in batch.groups] == [f"{cfg.run_id}.s0.i0", f"{cfg.run_id}.s0.i1"]
+    for group in batch.groups:
+        assert [r.rollout_id for r in group.rollouts] == [f"{group.group_id}.{k}" for k in range(3)]
+        assert [r.reward for r in group.rollouts] == [0.0, 0.5, 1.0]
+        for rollout in group.rollouts:
+            assert len(rollout.triplets) == 3
+            assert rollout.model_versions == [1, 1, 1]
+            # Multi-turn calls continue each other exactly, so each rollout is one merged row.
+            built = build_rows([rollout], TrajectoryConfig(max_prompt_len=64, max_response_len=128))
+            assert len(built.rows) == 1 and not built.breaks
+    with collect_gateway.client() as api:
+        created = api.get(f"/api/rollouts/{cfg.run_id}.s0.i1.2").json()["rollout"]
+        full = api.get(f"/api/rollouts/{cfg.run_id}.s0.i1.2/events", params={"format": "triplet"}).json()
+    assert created["input"] == ROWS[1]  # never edited
+    assert created["metadata"] == {"data_id": f"{cfg.run_id}.s0.i1", "batch_idx": 0, "sample_idx_in_batch": 1}
+    last = batch.groups[1].rollouts[2]
+    assert [t.prompt_ids.tolist() for t in last.triplets] == [e["data"]["prompt_token_ids"] for e in full[:3]]
+    assert batch.metrics["groups"] == 2 and batch.metrics["rollouts_created"] == 6
+
+
+@pytest.mark.parametrize("policy", ["drop", "fill"])
+def test_a_failed_sibling_yields_no_rows_by_default_and_the_fill_reward_under_fill(
+    collect_gateway: Gateway, agents: Any, policy: str
+) -> None:
+    cfg = config(collect_gateway, failed_rollouts=policy, fill_reward=-1.0, batch_size=1)
+
+    def script(rid: str) -> Any:
+        return agents.plan(state="failed", reward=5.0) if sibling(rid) == 0 else agents.plan(reward=1.0)
+
+    [batch] = collect_with(agents, collect_gateway, cfg, script)
+    [group] = batch.groups
+    rewards = {sibling(r.rollout_id): r.reward for r in group.rollouts}
+    assert rewards == ({1: 1.0, 2: 1.0} if policy == "drop" else {0: -1.0, 1: 1.0, 2: 1.0})
+    assert batch.metrics["failed_rollouts"] == 1
+    assert batch.metrics.get("failed_rollouts_filled", 0) == (1 if policy == "fill" else 0)
+
+
+def test_a_succeeded_rollout_without_reward_gets_the_fill_reward_and_is_counted(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway, fill_reward=0.25, batch_size=1)
+    [batch] = collect_with(
+        agents, collect_gateway, cfg, lambda rid: agents.plan(reward=None if sibling(rid) == 1 else 1.0)
+    )
+    assert [r.reward for r in batch.groups[0].rollouts] == [1.0, 0.25, 1.0]
+    assert batch.metrics["missing_reward_rollouts"] == 1
+
+
+def test_an_all_equal_reward_group_gets_zero_advantage_and_a_group_left_with_one_sibling_is_dropped(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway, n=2)
+
+    def script(rid: str) -> Any:
+        lonely = ".i1." in rid and sibling(rid) == 0  # row 1 loses a sibling: one left, no baseline
+        return agents.plan(state="failed" if lonely else "succeeded", reward=0.7)
+
+    [batch] = collect_with(agents, collect_gateway, cfg, script)
+    assert [g.index for g in batch.groups] == [0]
+    assert batch.metrics["small_groups_dropped"] == 1
+    rollouts = batch.rollouts
+    result = rollout_advantages(
+        [r.reward for r in rollouts], [r.group_id for r in rollouts], AdvantageConfig()
+    )
+    assert result.advantages.tolist() == [0.0, 0.0]
+    assert result.metrics["equal_reward_groups"] == 1
+
+
+def test_creation_is_safe_to_retry_a_repeated_step_returns_the_same_rollouts(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway, batch_size=1)
+    [first] = collect_with(agents, collect_gateway, cfg, lambda rid: agents.plan(reward=float(sibling(rid))))
+    # A new collector of the same run repeats step 0: the rollouts exist and are finished already.
+    [again] = collect_with(agents, collect_gateway, cfg, lambda rid: agents.plan(reward=99.0))
+    assert [r.rollout_id for r in again.rollouts] == [r.rollout_id for r in first.rollouts]
+    assert [r.reward for r in again.rollouts] == [0.0, 1.0, 2.0]
+    with collect_gateway.client() as api:
+        mine = [
+            r
+            for r in api.get("/api/rollouts", params={"state_in": ["succeeded", "queuing"]}).json()
+            if r["rollout_id"].startswith(cfg.run_id)
+        ]
+    assert len(mine) == 3
+
+
+def test_a_group_that_never_finishes_completes_at_its_timeout_without_the_missing_sibling(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway, batch_size=1, group_timeout_s=1.0)
+    never = asyncio.Event()
+    [batch] = collect_with(
+        agents, collect_gateway, cfg, lambda rid: agents.plan(gate=never if sibling(rid) == 2 else None)
+    )
+    assert [sibling(r.rollout_id) for r in batch.rollouts] == [0, 1]
+    assert batch.metrics["timed_out_rollouts"] == 1
+
+
+def test_async_mode_carries_unfinished_groups_over_across_three_steps(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway, mode="async", batch_size=1, async_batch_size=3, n=2)
+    rows = [{"row": i} for i in range(6)]
+
+    async def main() -> list[CollectedBatch]:
+        gates: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
+        gates["s0.i1"].set()
+
+        def script(rid: str) -> Any:  # gates are keyed by "s{step}.i{index}" of the group
+            return agents.plan(turns=1, gate=gates[rid.split(".", 1)[1].rsplit(".", 1)[0]])
+
+        batches = []
+        async with (
+            agents.run(collect_gateway.base_url, collect_gateway.key, cfg.run_id, script),
+            RolloutCollector(cfg) as collector,
+        ):
+            source = iter(rows)
+            for step, release in enumerate(("s0.i0", "s0.i2", None)):
+                batches.append(await collector.collect(step, source))
+                if release is not None:
+                    gates[release].set()
+            for gate in list(gates.values()):
+                gate.set()
+        return batches
+
+    batches = asyncio.run(main())
+    # Step 0 submits rows 0-2 and gets row 1; row 0 and 2 carry over while row 3 joins; and so on.
+    assert [[g.row for g in b.groups] for b in batches] == [[{"row": 1}], [{"row": 0}], [{"row": 2}]]
+    assert [b.groups[0].step for b in batches] == [0, 0, 0]
+    assert [b.metrics["carryover_groups"] for b in batches] == [2, 2, 2]
+    assert [b.metrics["carryover_age_steps_max"] for b in batches] == [0, 1, 1]
+    assert [b.metrics.get("groups_submitted", 0) for b in batches] == [3, 1, 1]
+
+
+def test_groups_too_stale_in_model_versions_are_dropped_and_counted(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway, batch_size=1, max_staleness=1)
+    fresh = config(collect_gateway, batch_size=1, max_staleness=1)
+    [stale] = collect_with(agents, collect_gateway, cfg, lambda rid: agents.plan(), model_version=3)
+    assert stale.groups == []
+    assert stale.metrics["stale_groups_dropped"] == 1
+    [kept] = collect_with(agents, collect_gateway, fresh, lambda rid: agents.plan(), model_version=2)
+    assert [g.staleness for g in kept.groups] == [1]
+    assert kept.metrics["staleness_max"] == 1
+
+
+def test_pause_and_drain_reports_calls_in_flight_and_what_was_left_at_the_timeout(
+    collect_gateway: Gateway, engine: Engine
+) -> None:
+    cfg = config(collect_gateway, drain_poll_interval_s=0.02)
+    rid = unique_id("drain")
+    with collect_gateway.client() as api:
+        api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rid}])
+    url = f"{collect_gateway.proxy_base(rid)}/chat/completions"
+    body = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
+
+    async def main() -> tuple[Any, Any, int]:
+        engine.reset()
+        engine.faults(delay_ms=1500, count=2)
+        async with (
+            httpx.AsyncClient(headers=collect_gateway.headers, timeout=30) as client,
+            RolloutCollector(cfg) as collector,
+        ):
+            calls = [asyncio.create_task(client.post(url, json=body)) for _ in range(2)]
+            await asyncio.sleep(0.5)
+            short = await collector.pause_and_drain(timeout_s=0.1)
+            full = await collector.pause_and_drain(timeout_s=10)
+            refused = (await client.post(url, json=body)).status_code
+            await collector.resume()
+            await asyncio.gather(*calls)
+            return short, full, refused
+
+    short, full, refused = asyncio.run(main())
+    assert short.inflight_at_pause == 2 and short.inflight_at_timeout == 2 and not short.drained
+    assert full.drained and 0.3 < full.drain_seconds < 5
+    assert refused == 429
+
+
+def test_bad_configuration_is_a_one_line_error() -> None:
+    with pytest.raises(ValueError, match="async_batch_size 1 < batch_size 2"):
+        CollectorConfig(server_url="http://127.0.0.1:1", batch_size=2, async_batch_size=1)
+
+
+def test_collect_needs_an_open_collector(collect_gateway: Gateway) -> None:
+    collector = RolloutCollector(config(collect_gateway))
+    with pytest.raises(RuntimeError, match="not open"):
+        asyncio.run(collector.collect(0, itertools.repeat({})))

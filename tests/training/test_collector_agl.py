@@ -1,0 +1,58 @@
+"""The collector against an Agent Lightning 1.0.2 server (`agl-server`): v1.0's protocol only.
+
+v1.0 has the terminal cursor and the full `format=triplet` read but no `/api/info` (404), so the
+collector reads full triplets there. Skipped, saying why, when the reference venv is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from keraunos.testing.processes import unique_id
+from keraunos.training.collect import CollectorConfig, RolloutCollector
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_sync_collect_against_agent_lightning_1_0_reads_full_triplets_and_drops_a_failed_sibling(
+    agl_server: Any, agents: Any
+) -> None:
+    cfg = CollectorConfig(
+        server_url=agl_server.base_url,
+        key=agl_server.key,
+        run_id=unique_id("agl"),
+        n=3,
+        batch_size=2,
+        poll_interval_s=0.05,
+        retry_backoff_s=0.01,
+    )
+    rows = [{"question": "a"}, {"question": "b"}]
+
+    def script(rid: str) -> Any:
+        failed = rid.endswith(".i1.0")
+        return agents.plan(
+            turns=2, reward=1.0 if rid.endswith(".1") else 0.0, state="failed" if failed else "succeeded"
+        )
+
+    async def main() -> tuple[bool, Any]:
+        async with (
+            agents.run(agl_server.base_url, agl_server.key, cfg.run_id, script),
+            RolloutCollector(cfg) as collector,
+        ):
+            return collector.uses_delta, await collector.collect(0, rows)
+
+    uses_delta, batch = asyncio.run(main())
+    assert not uses_delta
+    assert [len(g.rollouts) for g in batch.groups] == [3, 2]
+    assert batch.metrics["failed_rollouts"] == 1
+    for rollout in batch.rollouts:
+        assert len(rollout.triplets) == 2
+        assert rollout.model_versions == [2, 2]
+        first, second = rollout.triplets
+        continued = first.prompt_ids.tolist() + first.response_ids.tolist()
+        assert second.prompt_ids.tolist()[: len(continued)] == continued
+        assert first.logprobs is not None and len(first.logprobs) == len(first.response_ids)
+    assert [r.reward for r in batch.groups[0].rollouts] == [0.0, 1.0, 0.0]
