@@ -13,9 +13,25 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import FAST_PROXY_ARGS, Engine, model_requests, new_rollout, proxy_base, register
+
+from keraunos.testing.processes import Engine, Gateway
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def new_rollout(gateway: Gateway, rollout_id: str) -> str:
+    with gateway.client() as api:
+        assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}]).status_code == 201
+    return rollout_id
+
+
+def model_requests(gateway: Gateway, rollout_id: str, fmt: str | None = None) -> list[dict[str, Any]]:
+    params = {"event_type": "model_request"} | ({"format": fmt} if fmt else {})
+    with gateway.client() as api:
+        response = api.get(f"/api/rollouts/{rollout_id}/events", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
 
 INTER_TOKEN_MS = 20
 CHAT = {
@@ -38,7 +54,7 @@ def rollout(proxy_gateway: Any, engine: Engine, new_id: Any) -> str:
 
 
 def chat_url(gateway: Any, rollout_id: str) -> str:
-    return f"{proxy_base(gateway, rollout_id)}/chat/completions"
+    return f"{gateway.proxy_base(rollout_id)}/chat/completions"
 
 
 def inflight(gateway: Any) -> int:
@@ -149,10 +165,10 @@ def test_a_stream_counts_in_flight_until_recorded_and_pause_lets_it_finish(
 
 
 def test_sigterm_lets_a_stream_in_flight_finish_and_be_recorded(
-    gateway_factory: Any, engine: Engine, new_id: Any
+    gateway_factory: Any, proxy_gateway: Gateway, engine: Engine, new_id: Any
 ) -> None:
-    gateway = gateway_factory(args=FAST_PROXY_ARGS)
-    register(gateway, [engine])
+    gateway = gateway_factory(args=proxy_gateway.args)  # a gateway of its own, set up the same way
+    gateway.register([engine])
     rollout = new_rollout(gateway, new_id("term"))
     engine.reset()
     thread, lines = stream_in_background(gateway, rollout, {**CHAT, "max_tokens": 40})

@@ -16,7 +16,6 @@ import httpx
 import openai
 import orjson
 import pytest
-from conftest import Engine, model_requests, new_rollout, proxy_base
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,8 +28,24 @@ from keraunos.gateway.proxy.stream import (
     event_data,
     is_usage_only,
 )
+from keraunos.testing.processes import Engine, Gateway
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def new_rollout(gateway: Gateway, rollout_id: str) -> str:
+    with gateway.client() as api:
+        assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}]).status_code == 201
+    return rollout_id
+
+
+def model_requests(gateway: Gateway, rollout_id: str, fmt: str | None = None) -> list[dict[str, Any]]:
+    params = {"event_type": "model_request"} | ({"format": fmt} if fmt else {})
+    with gateway.client() as api:
+        response = api.get(f"/api/rollouts/{rollout_id}/events", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
 
 INTER_TOKEN_MS = 20
 CHAT = {"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 6}
@@ -260,7 +275,7 @@ def rollout(proxy_gateway: Any, engine: Engine, new_id: Any) -> str:
 
 
 def url_of(gateway: Any, rollout_id: str, path: str = "chat/completions") -> str:
-    return f"{proxy_base(gateway, rollout_id)}/{path}"
+    return f"{gateway.proxy_base(rollout_id)}/{path}"
 
 
 def read_stream(
@@ -483,7 +498,7 @@ def test_a_stream_whose_record_cannot_be_committed_ends_with_a_gateway_error_ins
 def test_the_official_openai_client_streams_through_the_proxy_unchanged(
     proxy_gateway: Any, rollout: str
 ) -> None:
-    base_url = proxy_base(proxy_gateway, rollout)
+    base_url = proxy_gateway.proxy_base(rollout)
     client = openai.OpenAI(base_url=base_url, api_key=proxy_gateway.key, max_retries=0)
     stream = client.chat.completions.create(
         model="anything", messages=CHAT["messages"], max_tokens=5, stream=True
@@ -524,7 +539,7 @@ def test_the_openai_client_raises_on_a_stream_that_dies(
 ) -> None:
     engine.faults(die_after_chunks=2)
     client = openai.OpenAI(
-        base_url=proxy_base(proxy_gateway, rollout), api_key=proxy_gateway.key, max_retries=0
+        base_url=proxy_gateway.proxy_base(rollout), api_key=proxy_gateway.key, max_retries=0
     )
     stream = client.chat.completions.create(model="x", messages=CHAT["messages"], max_tokens=5, stream=True)
     with pytest.raises(openai.APIError, match="calling"):
