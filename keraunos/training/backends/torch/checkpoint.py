@@ -1,0 +1,190 @@
+"""Trainer checkpoints on disk: a loadable model directory plus the optimizer, step and config.
+
+Layout of one checkpoint directory:
+
+    model/                  the policy as `save_pretrained` writes it (model.safetensors, config.json,
+                            generation config) and its tokenizer: any Hugging Face loader, the
+                            model server included, reads it as it is
+    trainer.safetensors     the optimizer state (one tensor per parameter and state key, named
+                            `optimizer/<parameter>/<key>`) and the random number generator states
+                            (`rng/cpu`, `rng/cuda/<i>`); its metadata holds `format`, `step`, the
+                            trainer config and the optimizer's parameter groups, as JSON
+
+A checkpoint is written under a temporary name and renamed into place, so a directory with the
+final name is always complete; an existing one is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT = "keraunos-torch-trainer/1"
+MODEL_DIR = "model"
+STATE_FILE = "trainer.safetensors"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is missing, incomplete, or not one this trainer wrote."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint says about itself: the step it was taken after and the trainer config."""
+
+    path: Path
+    step: int
+    config: dict[str, Any]
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    """The conventional checkpoint directory for `step` under `root`: `root/step-<step>`."""
+    return Path(root) / f"step-{step}"
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The `step-<n>` directory with the highest n under `root` (None when there is none)."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = [
+        (int(match.group(1)), child)
+        for child in root.iterdir()
+        if (match := _STEP_DIR.match(child.name)) and (child / STATE_FILE).is_file()
+    ]
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    parameter_names: list[str],
+    step: int,
+    config: dict[str, Any],
+) -> Path:
+    """Write a checkpoint to `path` (which must not exist yet); returns it.
+
+    `parameter_names[i]` names the optimizer's i-th parameter, so the state is stored by name and
+    survives a change in parameter order.
+    """
+    path = Path(path)
+    if path.exists():
+        raise CheckpointError(f"{path} already exists: checkpoints are never overwritten, pick another path")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        model.save_pretrained(tmp / MODEL_DIR)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / MODEL_DIR)
+        tensors, groups = _optimizer_tensors(optimizer, parameter_names)
+        tensors.update(_rng_tensors())
+        metadata = {
+            "format": FORMAT,
+            "step": str(step),
+            "config": json.dumps(config, sort_keys=True),
+            "param_groups": json.dumps(groups),
+        }
+        save_file(tensors, str(tmp / STATE_FILE), metadata=metadata)
+        tmp.rename(path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_checkpoint(path: str | Path) -> CheckpointInfo:
+    """The step and config of the checkpoint in `path`, checking that it is complete."""
+    path = Path(path)
+    state = path / STATE_FILE
+    if not state.is_file() or not (path / MODEL_DIR / "config.json").is_file():
+        raise CheckpointError(f"{path} is not a trainer checkpoint (needs {STATE_FILE} and {MODEL_DIR}/)")
+    metadata = _metadata(state)
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"{state} has format {metadata.get('format')!r}, expected {FORMAT!r}")
+    return CheckpointInfo(path=path, step=int(metadata["step"]), config=json.loads(metadata["config"]))
+
+
+def load_optimizer_state(
+    path: str | Path, optimizer: torch.optim.Optimizer, parameter_names: list[str]
+) -> None:
+    """Load the optimizer state of the checkpoint in `path` into `optimizer` (same parameters, by name)."""
+    state_file = Path(path) / STATE_FILE
+    metadata = _metadata(state_file)
+    groups = json.loads(metadata["param_groups"])
+    index = {name: i for i, name in enumerate(parameter_names)}
+    saved_names = [name for group in groups for name in group["params"]]
+    if sorted(saved_names) != sorted(parameter_names):
+        missing = sorted(set(parameter_names) ^ set(saved_names))[:3]
+        raise CheckpointError(f"{state_file} holds the optimizer of other parameters (differ: {missing})")
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    with safe_open(str(state_file), framework="pt") as handle:
+        for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            if key.startswith("optimizer/"):
+                name, _, field = key[len("optimizer/") :].rpartition("/")
+                state.setdefault(index[name], {})[field] = handle.get_tensor(key)
+    param_groups = []
+    for group in groups:
+        restored = dict(group, params=[index[name] for name in group["params"]])
+        if isinstance(restored.get("betas"), list):
+            restored["betas"] = tuple(restored["betas"])
+        param_groups.append(restored)
+    optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+
+
+def load_rng_state(path: str | Path) -> None:
+    """Restore torch's random number generators (CPU, and CUDA when both sides have it)."""
+    with safe_open(str(Path(path) / STATE_FILE), framework="pt") as handle:
+        keys = set(handle.keys())
+        if "rng/cpu" in keys:
+            torch.set_rng_state(handle.get_tensor("rng/cpu"))
+        if torch.cuda.is_available():
+            cuda = sorted(
+                (k for k in keys if k.startswith("rng/cuda/")), key=lambda k: int(k.rsplit("/", 1)[1])
+            )
+            if len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all([handle.get_tensor(k) for k in cuda])
+
+
+def _optimizer_tensors(
+    optimizer: torch.optim.Optimizer, parameter_names: list[str]
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    saved = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for i, entries in saved["state"].items():
+        for field, value in entries.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"optimizer/{parameter_names[i]}/{field}"] = tensor.detach().cpu().contiguous()
+    groups = [
+        {**group, "params": [parameter_names[i] for i in group["params"]]} for group in saved["param_groups"]
+    ]
+    return tensors, groups
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    tensors = {"rng/cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng/cuda/{i}"] = state
+    return tensors
+
+
+def _metadata(state_file: Path) -> dict[str, str]:
+    try:
+        with safe_open(str(state_file), framework="pt") as handle:
+            return dict(handle.metadata() or {})
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"cannot read {state_file}: {error}") from error

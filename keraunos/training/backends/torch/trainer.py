@@ -1,0 +1,328 @@
+"""`TorchTrainer`: GRPO updates of a Hugging Face causal LM on one device (CPU or one GPU).
+
+One `step(batch)` is one optimizer update over a whole `TrainBatch`:
+
+1. the batch is cut into micro-batches of `micro_batch_size` rows, each trimmed of shared padding;
+2. per micro-batch: the policy's log probs at the rows' temperatures (and the frozen reference's,
+   when `kl_coef > 0`), the loss of `loss.policy_loss`, `backward()`. The loss weights are global
+   to the batch, so the accumulated gradient is the whole batch's gradient;
+3. gradient clipping to `max_grad_norm`, then AdamW (a step whose gradient is not finite is
+   skipped and reported, the weights stay as they were).
+
+The ratio's denominator is the sampler's log prob where the row has a complete, finite set of them
+(`logprobs_valid`) and `recompute_old_logprobs` is off; otherwise it is the trainer's own, detached
+(ratio 1: plain policy gradient). `logprob_diff_*` metrics compare both where both exist: on-policy
+they stay near 0, a larger value means stale samples or a sampler that disagrees with the trainer.
+
+The config is the whole truth about a run: `save_checkpoint` stores it with the weights, the
+optimizer state and the step, and `TorchTrainer.resume` continues exactly where the run stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import structlog
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from keraunos.training.backends.torch.batch import TrainBatch
+from keraunos.training.backends.torch.checkpoint import (
+    MODEL_DIR,
+    load_optimizer_state,
+    load_rng_state,
+    read_checkpoint,
+    save_checkpoint,
+)
+from keraunos.training.backends.torch.loss import LossSums, policy_loss
+from keraunos.training.backends.torch.policy import load_policy, response_logprobs
+
+log = structlog.get_logger("keraunos.training.torch")
+
+
+class TorchTrainerConfig(BaseModel):
+    """Every knob of the built-in trainer, with its default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str = Field(description="Directory of the Hugging Face causal LM and tokenizer to train.")
+    device: str = Field(default="auto", description="Torch device: cpu, cuda, cuda:1, or auto (cuda if any).")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="Weights dtype. float32 keeps trainer and sampler log probs equal to 1e-4.",
+    )
+    attn_implementation: str | None = Field(
+        default=None, description="Attention kernel passed to transformers (eager, sdpa); None = its default."
+    )
+    lr: float = Field(default=1e-6, gt=0, description="AdamW learning rate (after warm-up).")
+    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear learning-rate warm-up from 0.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(
+        default=0.0, ge=0, description="AdamW decoupled weight decay, on matrices only (not biases, norms)."
+    )
+    max_grad_norm: float = Field(
+        default=1.0, ge=0, description="Clip the global gradient norm to this; 0 = no clipping."
+    )
+    micro_batch_size: int = Field(
+        default=8, ge=1, description="Rows per forward/backward pass; gradients accumulate over the batch."
+    )
+    clip_low: float = Field(default=0.2, ge=0, lt=1, description="Ratio clip below: 1 - clip_low.")
+    clip_high: float = Field(default=0.2, ge=0, description="Ratio clip above: 1 + clip_high.")
+    kl_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="Weight of the k3 KL penalty to the frozen reference; 0 = no reference.",
+    )
+    reference_model: str = Field(
+        default="", description="Directory of the frozen reference model; empty = model_path (the start)."
+    )
+    recompute_old_logprobs: bool = Field(
+        default=False,
+        description="Ignore the sampler's log probs and use the trainer's own as the ratio's denominator.",
+    )
+    seed: int = Field(default=0, description="Seed of torch's generators at start.")
+    torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
+
+
+class TorchTrainer:
+    """The policy, its optimizer and its step counter; `step(batch)` applies one GRPO update."""
+
+    def __init__(self, config: TorchTrainerConfig, *, model_dir: str | Path | None = None) -> None:
+        """Load the policy from `model_dir` (default: `config.model_path`), the reference if needed."""
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+        self.device = torch.device(_pick_device(config.device))
+        self.model, self.tokenizer = load_policy(
+            model_dir or config.model_path,
+            device=self.device,
+            dtype=config.dtype,
+            attn_implementation=config.attn_implementation,
+        )
+        self.reference: Any = None
+        if config.kl_coef > 0:
+            self.reference, _ = load_policy(
+                config.reference_model or config.model_path,
+                device=self.device,
+                dtype=config.dtype,
+                attn_implementation=config.attn_implementation,
+            )
+            self.reference.requires_grad_(False)
+        named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        decay = [(name, p) for name, p in named if p.ndim >= 2]
+        no_decay = [(name, p) for name, p in named if p.ndim < 2]
+        # The optimizer's parameter order, by name, for checkpoints.
+        self.parameter_names = [name for name, _ in decay + no_decay]
+        self._parameters = [p for _, p in decay + no_decay]
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": [p for _, p in decay], "weight_decay": config.weight_decay},
+                {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+            ],
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+        )
+        self.global_step = 0
+
+    @classmethod
+    def resume(cls, path: str | Path, config: TorchTrainerConfig | None = None) -> TorchTrainer:
+        """A trainer continuing from the checkpoint in `path`: its weights, optimizer state and step.
+
+        `config` defaults to the checkpoint's own; a given one may change knobs (learning rate,
+        clipping, micro-batch size) but the weights always come from the checkpoint.
+        """
+        info = read_checkpoint(path)
+        config = config or TorchTrainerConfig.model_validate(info.config)
+        trainer = cls(config, model_dir=info.path / MODEL_DIR)
+        load_optimizer_state(info.path, trainer.optimizer, trainer.parameter_names)
+        load_rng_state(info.path)
+        trainer.global_step = info.step
+        log.info("trainer resumed", checkpoint=str(info.path), step=info.step)
+        return trainer
+
+    def learning_rate(self, step: int | None = None) -> float:
+        """The learning rate of update number `step` (default: the next one), warm-up included."""
+        step = self.global_step if step is None else step
+        if self.config.warmup_steps <= 0:
+            return self.config.lr
+        return self.config.lr * min(1.0, (step + 1) / self.config.warmup_steps)
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """Apply one GRPO update over `batch`; returns the step's metrics (timings in seconds)."""
+        started = time.perf_counter()
+        self._set_hyperparameters()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.accumulate_gradients(batch)
+
+        t0 = time.perf_counter()
+        limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self._parameters, limit))
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            log.warning(
+                "update skipped: the gradient is not finite", step=self.global_step, grad_norm=grad_norm
+            )
+        else:
+            self.optimizer.step()
+            self.global_step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+
+        metrics.update(
+            {
+                "step": float(self.global_step),
+                "grad_norm": grad_norm,
+                "lr": self.learning_rate(self.global_step - (0 if skipped else 1)),
+                "update_skipped": float(skipped),
+                "time_optimizer": time.perf_counter() - t0,
+                "time_step": time.perf_counter() - started,
+            }
+        )
+        log.debug("trainer step", **metrics)
+        return metrics
+
+    def accumulate_gradients(self, batch: TrainBatch) -> dict[str, float]:
+        """Add the batch's loss gradient to the parameters' `.grad`, micro-batch by micro-batch.
+
+        No update: `step` calls this between `zero_grad` and the optimizer. Returns the loss
+        metrics, the recorded-vs-recomputed log-prob gaps, counts and the forward/backward time.
+        """
+        batch.validate()
+        sums = LossSums()
+        diff = _Diff()
+        started = time.perf_counter()
+        for micro in batch.micro_batches(self.config.micro_batch_size):
+            loss, micro_sums = self._micro_loss(micro.trimmed(), diff)
+            loss.backward()
+            sums = sums + micro_sums
+        metrics = sums.metrics()
+        metrics.update(diff.metrics())
+        trained = batch.response_mask
+        metrics.update(
+            {
+                "rows": float(len(batch)),
+                "rollouts": float(len(np.unique(batch.rollout_index[trained.any(axis=1)]))),
+                "advantage_token_mean": float(batch.advantages[trained].mean()) if trained.any() else 0.0,
+                "time_forward_backward": time.perf_counter() - started,
+            }
+        )
+        return metrics
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> np.ndarray:
+        """The policy's log probs (N, R) of the batch's response ids (float32, 0 off the mask)."""
+        batch.validate()
+        out = np.zeros(batch.response_mask.shape, dtype=np.float32)
+        start = 0
+        for micro in batch.micro_batches(self.config.micro_batch_size):
+            tensors = self._tensors(micro)
+            logprobs, _ = response_logprobs(
+                self.model,
+                tensors["input_ids"],
+                tensors["attention_mask"],
+                tensors["position_ids"],
+                micro.prompt_len,
+                tensors["temperatures"],
+            )
+            values = logprobs.cpu().numpy()
+            out[start : start + len(micro)] = np.where(micro.response_mask, values, 0.0)
+            start += len(micro)
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's current weights by name (live tensors: copy them, e.g. `load_state_dict`)."""
+        return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Write weights, tokenizer, optimizer state, step and config to the new directory `path`."""
+        written = save_checkpoint(
+            path,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            parameter_names=self.parameter_names,
+            step=self.global_step,
+            config=self.config.model_dump(mode="json"),
+        )
+        log.info("checkpoint saved", path=str(written), step=self.global_step)
+        return written
+
+    def _micro_loss(self, micro: TrainBatch, diff: _Diff) -> tuple[torch.Tensor, LossSums]:
+        tensors = self._tensors(micro)
+        inputs = (tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"], micro.prompt_len)
+        ref_logprobs = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logprobs, _ = response_logprobs(self.reference, *inputs, tensors["temperatures"])
+        logprobs, entropy = response_logprobs(self.model, *inputs, tensors["temperatures"], with_entropy=True)
+        mask = tensors["response_mask"]
+        recorded = tensors["logprobs_valid"][:, None] & mask
+        diff.add(logprobs.detach(), tensors["old_logprobs"], recorded)
+        use_recorded = recorded if not self.config.recompute_old_logprobs else torch.zeros_like(recorded)
+        old = torch.where(use_recorded, tensors["old_logprobs"], logprobs.detach())
+        return policy_loss(
+            logprobs,
+            old,
+            tensors["advantages"],
+            tensors["loss_weights"],
+            mask,
+            clip_low=self.config.clip_low,
+            clip_high=self.config.clip_high,
+            ref_logprobs=ref_logprobs,
+            kl_coef=self.config.kl_coef,
+            entropy=entropy,
+        )
+
+    def _tensors(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
+        device = self.device
+        return {
+            "input_ids": torch.from_numpy(batch.input_ids).to(device),
+            "attention_mask": torch.from_numpy(batch.attention_mask).to(device),
+            "position_ids": torch.from_numpy(batch.position_ids).to(device),
+            "response_mask": torch.from_numpy(batch.response_mask).to(device),
+            "advantages": torch.from_numpy(batch.advantages).to(device),
+            "loss_weights": torch.from_numpy(batch.loss_weights).to(device),
+            "old_logprobs": torch.from_numpy(batch.old_logprobs).to(device),
+            "logprobs_valid": torch.from_numpy(batch.logprobs_valid).to(device),
+            "temperatures": torch.from_numpy(batch.temperatures).to(device),
+        }
+
+    def _set_hyperparameters(self) -> None:
+        """The config's knobs on every parameter group (a resumed optimizer keeps none of its own)."""
+        lr = self.learning_rate()
+        for group, decay in zip(self.optimizer.param_groups, (self.config.weight_decay, 0.0), strict=True):
+            group.update(lr=lr, betas=self.config.betas, eps=self.config.eps, weight_decay=decay)
+
+
+class _Diff:
+    """Running |recorded - recomputed| log-prob statistics over tokens where both exist."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.max = 0.0
+        self.tokens = 0.0
+
+    def add(self, recomputed: torch.Tensor, recorded: torch.Tensor, where: torch.Tensor) -> None:
+        gap = torch.where(where, (recomputed - recorded).abs(), torch.zeros_like(recomputed))
+        self.total += float(gap.sum())
+        self.max = max(self.max, float(gap.max()) if gap.numel() else 0.0)
+        self.tokens += float(where.sum())
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "logprob_diff_mean": self.total / self.tokens if self.tokens else 0.0,
+            "logprob_diff_max": self.max,
+            "recorded_logprob_tokens": self.tokens,
+        }
+
+
+def _pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
