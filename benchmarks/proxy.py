@@ -9,15 +9,19 @@ three loads run back to back, each a warm-up followed by `--duration` seconds of
 - `direct`: the chat call straight to the engine (the floor: client + engine + loopback);
 - `proxy`: the same call through `/proxy/rollout/{id}/attempt/0/mode/train/openai/v1`, recorded in
   the ledger as a `model_request` event before it is answered;
-- `proxy stream`: the same call with `"stream": true`, read to its end; reported as "not supported"
-  while the gateway answers streamed calls with 400.
+- `direct stream`: the chat call with `"stream": true` straight to the engine, read to `[DONE]`;
+- `proxy stream`: the same streamed call through the proxy: relayed event by event, assembled and
+  recorded, `[DONE]` after the commit (reported as "not supported" against a gateway that answers
+  streamed calls with 400).
 
-Reported per load and concurrency: calls/s, p50 and p99 latency, and for the proxy the latency it
-adds over `direct` at the same concurrency (p50 - p50, p99 - p99 of the same run). Cells are
+`--mode` picks the loads: `plain` (direct, proxy), `stream` (direct stream, proxy stream) or `both`.
+Reported per load and concurrency: calls/s, p50 and p99 latency, and for a proxy load the latency it
+adds over its direct load at the same concurrency (p50 - p50, p99 - p99 of the same run). Cells are
 min / median / max over `--runs`.
 
     python benchmarks/proxy.py --runs 3                        # defaults below
     python benchmarks/proxy.py --runs 1 --duration 3           # a quick check
+    python benchmarks/proxy.py --mode stream                   # streamed calls only
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ import aiohttp
 
 KEY = "bench-key-0123456789"
 SERVED_MODEL = "bench/served-model"
-LOADS = ("direct", "proxy", "proxy stream")
+LOADS = ("direct", "proxy", "direct stream", "proxy stream")
+MODES = {"plain": LOADS[:2], "stream": LOADS[2:], "both": LOADS}
+#: The direct load a proxy load is compared with.
+BASELINE = {"proxy": "direct", "proxy stream": "direct stream"}
 
 
 @dataclass
@@ -128,13 +135,15 @@ class Server:
 
 
 async def one_call(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool) -> int:
-    """Send one call and read its answer to the end; returns the HTTP status."""
+    """Send one call and read its answer to the end; returns the HTTP status (599: a stream that
+    did not end with `data: [DONE]`)."""
     async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
         if stream and response.status == 200:
-            async for _ in response.content.iter_any():
-                pass
-        else:
-            await response.read()
+            tail = b""
+            async for piece in response.content.iter_any():
+                tail = (tail + piece)[-64:]
+            return 200 if tail.rstrip().endswith(b"data: [DONE]") else 599
+        await response.read()
         return response.status
 
 
@@ -160,7 +169,7 @@ async def closed_loop(
 async def measure(
     session: aiohttp.ClientSession, urls: list[str], body: bytes, stream: bool, args: argparse.Namespace
 ) -> LoadResult:
-    if stream:  # the gateway refuses streamed calls with 400 until it supports them
+    if stream:  # a gateway without streaming support refuses streamed calls with 400
         status = await one_call(session, urls[0], body, stream)
         if status == 400:
             return LoadResult(supported=False)
@@ -205,9 +214,11 @@ async def load_all(
                 for r in rollouts[:concurrency]
             ]
             direct_urls = [f"{engine.base_url}/v1/chat/completions"] * concurrency
-            results["direct", concurrency] = await measure(session, direct_urls, plain, False, args)
-            results["proxy", concurrency] = await measure(session, proxy_urls, plain, False, args)
-            results["proxy stream", concurrency] = await measure(session, proxy_urls, streamed, True, args)
+            for load in MODES[args.mode]:
+                stream = load.endswith("stream")
+                urls = proxy_urls if load.startswith("proxy") else direct_urls
+                body = streamed if stream else plain
+                results[load, concurrency] = await measure(session, urls, body, stream, args)
     return results
 
 
@@ -269,14 +280,14 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
     print("cells: min / median / max over runs\n")
     rows = [["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]]
     for concurrency in args.concurrency:
-        for load in LOADS:
+        for load in MODES[args.mode]:
             results = [run[load, concurrency] for run in runs]
             if not all(r.supported for r in results):
                 rows.append([load, str(concurrency), "not supported (the gateway answers 400)"])
                 continue
             added50 = added99 = "-"
-            if load != "direct":
-                direct = [run["direct", concurrency] for run in runs]
+            if load in BASELINE:
+                direct = [run[BASELINE[load], concurrency] for run in runs]
                 added50 = cell([r.p50_ms - d.p50_ms for r, d in zip(results, direct, strict=True)], 2)
                 added99 = cell([r.p99_ms - d.p99_ms for r, d in zip(results, direct, strict=True)], 2)
             rows.append(
@@ -329,6 +340,12 @@ def main() -> None:
         choices=("normal", "full"),
         default="normal",
         help="gateway --durability (default normal)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=tuple(MODES),
+        default="both",
+        help="plain: unstreamed calls; stream: streamed calls; both (default)",
     )
     parser.add_argument("--server-cpus", default="0", help="taskset CPU list of the gateway (default 0)")
     default_client = "1" if (os.cpu_count() or 1) > 1 else "0"

@@ -115,6 +115,12 @@ class GatewayConfig(LayeredSettings):
         ge=1,
         description="Largest attempt log kept, in bytes; beyond it only the tail is stored.",
     )
+    proxy_disconnect_watch_after_s: float = Field(
+        default=0.05,
+        ge=0.0,
+        description="A proxied call that has run this long starts watching for its agent's disconnect "
+        "(then cancels the upstream call at once); quicker calls skip the watch, which costs CPU.",
+    )
     drain_timeout_s: float = Field(
         default=30.0,
         ge=0.0,
