@@ -1,0 +1,401 @@
+"""The OpenAI-compatible HTTP server around a `ModelRunner`, and its Python API (`ModelServer`).
+
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`, plus
+two keraunos routes: `GET /keraunos/info` (served model, weights version, batching counters) and
+`POST /keraunos/weights {"path": DIR, "version"?: int}` (swap in safetensors weights from a
+directory). A trainer in the same process calls `ModelServer.load_weights` with its state dict
+instead, without copying through files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from keraunos.serving.config import ServeConfig
+from keraunos.serving.prompts import PromptError, TokenCache, chat_prompt_ids, completion_prompt_ids
+from keraunos.serving.requests import Generation, RequestError, parse_generation, set_max_tokens
+from keraunos.serving.responses import ChoiceResult, StreamChunks, chat_response, completion_response
+from keraunos.serving.runner import ModelRunner, SequenceRequest, TokenEvent, WeightsError
+from keraunos.serving.sampling import SamplingParams
+from keraunos.serving.scheduler import BatchScheduler, Job
+
+log = structlog.get_logger("keraunos.serving")
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "UnauthorizedError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+}
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    error_type = _ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+    return _json({"error": {"message": message, "type": error_type, "param": None, "code": status}}, status)
+
+
+class ModelServer:
+    """A model served over HTTP: build it, serve `app` (or `start()` it in a thread), swap its weights.
+
+    The token cache (see `keraunos.serving.prompts`) and the batch scheduler live here; the model,
+    the tokenizer and the weights version live on `runner`.
+    """
+
+    def __init__(self, runner: ModelRunner, config: ServeConfig) -> None:
+        self.runner = runner
+        self.config = config
+        self.model_name = config.model_name
+        self.cache = TokenCache(config.token_cache_size)
+        self.scheduler = BatchScheduler(
+            runner, max_batch_size=config.max_batch_size, batch_wait_s=config.batch_wait_ms / 1000
+        )
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+                Route("/keraunos/info", self._info, methods=["GET"]),
+                Route("/keraunos/weights", self._weights, methods=["POST"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    @classmethod
+    def from_config(cls, config: ServeConfig) -> ModelServer:
+        """Load `config.model` (building the tiny model there first when `config.tiny` asks for it)."""
+        from keraunos.serving.tiny import build_tiny_model, has_model
+
+        if config.tiny and not has_model(config.model):
+            build_tiny_model(config.model, seed=config.seed)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        runner = ModelRunner.load(
+            config.model,
+            device=config.device,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            seed=config.seed,
+        )
+        return cls(runner, config)
+
+    @property
+    def version(self) -> int:
+        """The weights version: 0 as loaded, then raised by every `load_weights`."""
+        return self.runner.version
+
+    def load_weights(
+        self, weights: Mapping[str, torch.Tensor] | str | Path, *, version: int | None = None
+    ) -> int:
+        """Swap in new weights (a state dict or a safetensors directory) between batches; the new version.
+
+        Blocks until the running batch, if any, has finished. Replies generated before the swap
+        stay in the token cache: their ids are what was sampled, whatever the weights are now.
+        """
+        return self.runner.load_weights(weights, version=version)
+
+    def start(self, host: str = "127.0.0.1", port: int = 0, *, ready_timeout: float = 30.0) -> RunningServer:
+        """Serve in a background thread (port 0: any free port); returns when it accepts connections."""
+        return RunningServer.start(self, host, port, ready_timeout)
+
+    # -- routes ------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.scheduler.start()
+        try:
+            yield
+        finally:
+            await self.scheduler.stop()
+
+    def _unauthorized(self, request: Request) -> Response | None:
+        key = self.config.api_key
+        if not key:
+            return None
+        given = request.headers.get("authorization", "")
+        if given == f"Bearer {key}" or request.headers.get("x-api-key") == key:
+            return None
+        return _json({"error": "Unauthorized"}, 401)
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._model_request(request, chat=True)
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._model_request(request, chat=False)
+
+    async def _model_request(self, request: Request, *, chat: bool) -> Response:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"Invalid JSON body: {exc}")
+        try:
+            gen = self._prepare(body, chat=chat)
+        except RequestError as exc:
+            return _error(exc.status, exc.message)
+        job = self.scheduler.submit(lambda emitter_of: self._sequences(gen, emitter_of))
+        if gen.stream:
+            return StreamingResponse(self._stream(gen, job), media_type="text/event-stream")
+        try:
+            choices = await self._collect(gen, job)
+        except _BatchFailed as exc:
+            return _error(500, f"generation failed: {exc}")
+        self._remember(gen, choices)
+        build = chat_response if chat else completion_response
+        return _json(build(gen, choices, self.runner.token_text))
+
+    def _prepare(self, body: Any, *, chat: bool) -> Generation:
+        gen = parse_generation(body, chat=chat, model_name=self.model_name)
+        tokenizer = self.runner.tokenizer
+        try:
+            if chat:
+                if tokenizer.chat_template is None:
+                    raise RequestError(
+                        400, "this model's tokenizer has no chat template; use /v1/completions"
+                    )
+                kwargs = {"tools": body["tools"]} if body.get("tools") else None
+                gen.prompts = [chat_prompt_ids(tokenizer, body.get("messages"), self.cache, kwargs)]
+            else:
+                if "prompt" not in body:
+                    raise RequestError(400, "Field required: 'prompt'")
+                gen.prompts = completion_prompt_ids(tokenizer, body["prompt"], self.runner.vocab_size)
+        except PromptError as exc:
+            raise RequestError(400, str(exc)) from None
+        set_max_tokens(
+            gen, body, max_model_len=self.runner.max_model_len, default=self.config.default_max_tokens
+        )
+        return gen
+
+    def _sequences(
+        self, gen: Generation, emitter_of: Callable[[int], Callable[[TokenEvent], None]]
+    ) -> list[SequenceRequest]:
+        params = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, top_logprobs=gen.logprobs or 0)
+        sequences = []
+        for p, prompt in enumerate(gen.prompts):
+            for i in range(gen.n):
+                generator = None if gen.seed is None else torch.Generator().manual_seed(gen.seed + i)
+                sequences.append(
+                    SequenceRequest(
+                        prompt=prompt,
+                        params=params,
+                        max_tokens=gen.max_tokens,
+                        emit=emitter_of(p * gen.n + i),
+                        stop=gen.stop,
+                        generator=generator,
+                    )
+                )
+        return sequences
+
+    async def _events(self, job: Job) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """The job's token events until every sequence has finished; raises `_BatchFailed`."""
+        remaining = len(job.sequences)
+        while remaining:
+            index, event = await job.events.get()
+            if isinstance(event, BaseException):
+                raise _BatchFailed(f"{type(event).__name__}: {event}")
+            if event.finish_reason is not None:
+                remaining -= 1
+            yield index, event
+
+    async def _collect(self, gen: Generation, job: Job) -> list[ChoiceResult]:
+        choices = [ChoiceResult() for _ in job.sequences]
+        async for index, event in self._events(job):
+            choices[index].add(event)
+        return choices
+
+    async def _stream(self, gen: Generation, job: Job) -> AsyncIterator[bytes]:
+        chunks = StreamChunks(gen, self.runner.token_text)
+        choices = [ChoiceResult() for _ in job.sequences]
+        for chunk in chunks.head():
+            yield _sse(chunk)
+        try:
+            async for index, event in self._events(job):
+                choices[index].add(event)
+                yield _sse(chunks.token(index, event))
+        except _BatchFailed as exc:
+            yield _sse(
+                {
+                    "error": {
+                        "message": f"generation failed: {exc}",
+                        "type": "InternalServerError",
+                        "code": 500,
+                    }
+                }
+            )
+            return
+        self._remember(gen, choices)
+        if gen.include_usage:
+            yield _sse(chunks.usage(choices))
+        yield b"data: [DONE]\n\n"
+
+    def _remember(self, gen: Generation, choices: list[ChoiceResult]) -> None:
+        if gen.chat:
+            for choice in choices:
+                self.cache.remember(choice.text, choice.token_ids)
+
+    async def _models(self, request: Request) -> Response:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        created = int(time.time())
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "keraunos",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.runner.max_model_len,
+            "permission": [],
+        }
+        return _json({"object": "list", "data": [card]})
+
+    async def _health(self, request: Request) -> Response:
+        return Response(b"", status_code=200)
+
+    async def _info(self, request: Request) -> Response:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        return _json(
+            {
+                "model": self.model_name,
+                "path": self.config.model,
+                "version": self.runner.version,
+                "max_model_len": self.runner.max_model_len,
+                "vocab_size": self.runner.vocab_size,
+                "batches": self.scheduler.batches,
+                "largest_batch": self.scheduler.largest_batch,
+                "token_cache_entries": len(self.cache),
+            }
+        )
+
+    async def _weights(self, request: Request) -> Response:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"Invalid JSON body: {exc}")
+        path = body.get("path") if isinstance(body, dict) else None
+        version = body.get("version") if isinstance(body, dict) else None
+        if not isinstance(path, str) or (
+            version is not None and (not isinstance(version, int) or isinstance(version, bool))
+        ):
+            return _error(400, 'expected {"path": "DIR with *.safetensors", "version"?: integer}')
+        try:
+            new_version = await asyncio.to_thread(self.runner.load_weights, path, version=version)
+        except WeightsError as exc:
+            return _error(400, str(exc))
+        return _json({"version": new_version})
+
+
+class _BatchFailed(Exception):
+    """The batch that ran a request's sequences raised."""
+
+
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+class RunningServer:
+    """A `ModelServer` served by uvicorn in a background thread of this process."""
+
+    def __init__(self, server: ModelServer, uvicorn_server: Any, thread: threading.Thread, url: str) -> None:
+        self.server = server
+        self._uvicorn = uvicorn_server
+        self._thread = thread
+        self.url = url
+
+    @property
+    def endpoint(self) -> str:
+        """The OpenAI base URL (with /v1), as registered with a gateway."""
+        return f"{self.url}/v1"
+
+    @classmethod
+    def start(cls, server: ModelServer, host: str, port: int, ready_timeout: float) -> RunningServer:
+        import uvicorn
+
+        config = uvicorn.Config(
+            server.app, host=host, port=port, lifespan="on", access_log=False, log_config=None, ws="none"
+        )
+        userver = uvicorn.Server(config)
+        thread = threading.Thread(target=userver.run, name="keraunos-model-server", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + ready_timeout
+        while not userver.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                userver.should_exit = True
+                raise RuntimeError(f"the model server did not start on {host}:{port}")
+            time.sleep(0.01)
+        bound = userver.servers[0].sockets[0].getsockname()[1]
+        return cls(server, userver, thread, f"http://{host}:{bound}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and wait for the thread to end."""
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout)
+
+
+def serve(config: ServeConfig) -> int:
+    """`keraunos serve`: load the model and serve it until SIGTERM/SIGINT; the exit code."""
+    import typer
+    import uvicorn
+
+    from keraunos._logging import configure_logging
+    from keraunos.serving.runner import ModelLoadError
+
+    configure_logging(config.log_level)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a server's stderr is for log lines
+    if not config.model:
+        typer.echo("error: --model DIR is required (add --tiny to build a tiny model there)", err=True)
+        return 2
+    try:
+        server = ModelServer.from_config(config)
+    except ModelLoadError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 1
+    userver = uvicorn.Server(
+        uvicorn.Config(
+            server.app,
+            host=config.host,
+            port=config.port,
+            lifespan="on",
+            access_log=False,
+            log_config=None,
+            ws="none",
+            timeout_keep_alive=120,
+        )
+    )
+    log.info(
+        "model server starting",
+        model=config.model,
+        served_as=server.model_name,
+        host=config.host,
+        port=config.port,
+    )
+    userver.run()
+    return 0 if userver.started else 1
