@@ -252,12 +252,23 @@ class HeartbeatResponse(BaseModel):
 
 
 class FinishRequest(_Strict):
-    """Body of `POST .../attempt/{a}/finish`."""
+    """Body of `POST .../attempt/{a}/finish`. A long `reason` is kept by its end (see `clip_reason`)."""
 
     outcome: AttemptOutcome
     exit_code: Int64 | None = None
-    reason: Annotated[str, StringConstraints(max_length=65536)] | None = None
+    reason: str | None = None
     controller_id: ControllerId | None = None
+
+
+#: Longest attempt `reason` kept, in characters; a rollout's `error_message` holds one per attempt.
+MAX_REASON_CHARS = 4096
+
+
+def clip_reason(reason: str | None) -> str | None:
+    """`reason` cut to its last `MAX_REASON_CHARS` characters (a traceback's end says the most)."""
+    if reason is None or len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return "..." + reason[-(MAX_REASON_CHARS - 3) :]
 
 
 class FinishResponse(BaseModel):

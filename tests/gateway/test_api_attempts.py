@@ -249,6 +249,16 @@ def test_a_failed_rollout_is_retried_up_to_max_attempts_then_fails_with_every_re
     assert all(a["ended_at"] >= a["started_at"] for a in details)
 
 
+def test_a_long_reason_is_kept_by_its_end(api: httpx.Client, make: Make) -> None:
+    [rid] = make()
+    claim(api)
+    reason = "Traceback (most recent call last):\n" + "  frame\n" * 2000 + "ValueError: the real cause"
+    response = finish(api, rid, "1", "failed", reason=reason)
+    assert response.status_code == 200, response.text
+    kept = response.json()["attempt"]["reason"]
+    assert len(kept) == 4096 and kept.startswith("...") and kept.endswith("ValueError: the real cause")
+
+
 def test_the_sweep_finishes_an_expired_lease_as_lost_and_fences_its_agent(
     api: httpx.Client, gateway: Gateway, make: Make
 ) -> None:

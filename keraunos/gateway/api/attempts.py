@@ -38,6 +38,7 @@ from keraunos.protocol import (
     FinishResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    clip_reason,
 )
 
 log = structlog.get_logger("keraunos.gateway")
@@ -157,12 +158,19 @@ async def finish(request: Request, rollout_id: RolloutIdPath, attempt_id: Attemp
     (stays `running`, claimable after `retry_backoff_seconds`) while it has attempts left of
     `max_attempts`, and fails with every attempt's reason once it has none.
 
-    Repeating a finish with the same outcome answers 200 again and changes nothing; a different
-    outcome for an ended attempt, or a finish of an attempt that is not current, is 409.
+    A `reason` longer than 4096 characters is kept by its end. Repeating a finish with the same
+    outcome answers 200 again and changes nothing; a different outcome for an ended attempt, or a
+    finish of an attempt that is not current, is 409.
     """
     body = await read_body(request, _FINISH_BODY)
     rollout, attempt = await ledger_of(request).finish_attempt(
-        rollout_id, attempt_id, body.outcome, body.exit_code, body.reason, body.controller_id, time.time()
+        rollout_id,
+        attempt_id,
+        body.outcome,
+        body.exit_code,
+        clip_reason(body.reason),
+        body.controller_id,
+        time.time(),
     )
     log.info(
         "attempt finished",
