@@ -43,10 +43,46 @@ def read_events_json(raw: bytes) -> ReadResult:
     return read_events(events)
 
 
+class _Tape:
+    """The ids of a chain of calls that continue each other exactly, kept as pieces until needed.
+
+    A call that continues the chain's last call adds only its suffix and response; its prompt and
+    response become views into the tape, so a rollout of k turns costs its distinct ids, not k
+    prompt copies (and `trajectories.continues` sees the shared memory and skips the comparison).
+    """
+
+    __slots__ = ("_array", "_pieces", "length")
+
+    def __init__(self) -> None:
+        self._pieces: list[np.ndarray] = []
+        self._array: np.ndarray | None = None
+        self.length = 0
+
+    def extend(self, ids: np.ndarray) -> None:
+        if len(ids):
+            self._pieces.append(ids)
+            self.length += len(ids)
+
+    def array(self) -> np.ndarray:
+        if self._array is None or len(self._array) != self.length:
+            pieces = ([self._array] if self._array is not None else []) + self._pieces
+            self._array = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+            self._pieces = []
+        return self._array
+
+
+@dataclass(slots=True)
+class _Call:
+    tape: _Tape
+    prompt_end: int
+    full_end: int
+    data: dict[str, Any]
+    keep: bool
+
+
 def read_events(events: list[Any]) -> ReadResult:
     """The successful calls of a rollout, in order, and its final reward."""
-    fulls: dict[int, np.ndarray] = {}
-    triplets: list[Triplet] = []
+    calls: dict[int, _Call] = {}
     reward: float | None = None
     failed = unreadable = 0
     for index, event in enumerate(events):
@@ -63,43 +99,73 @@ def read_events(events: list[Any]) -> ReadResult:
             continue
         if kind != MODEL_REQUEST:
             continue
-        prompt = _prompt_ids(data.get("prompt_token_ids"), fulls, index)
         response = _ids(data.get("response_token_ids"))
-        if prompt is not None:
-            fulls[index] = np.concatenate((prompt, response)) if response is not None else prompt
+        call = _place(data.get("prompt_token_ids"), response, calls, index, data)
         if _is_failed(data):
             failed += 1
-            continue
-        if prompt is None or response is None:
+        elif call is None or response is None:
             unreadable += 1
-            continue
-        triplets.append(
-            Triplet(
-                prompt_ids=prompt,
-                response_ids=response,
-                logprobs=_logprobs(data.get("response_log_probs"), len(response)),
-                model_version=_version(data.get("server")),
+        else:
+            call.keep = True
+    triplets = []
+    for call in calls.values():
+        if call.keep:
+            tape = call.tape.array()
+            response = tape[call.prompt_end : call.full_end]
+            triplets.append(
+                Triplet(
+                    prompt_ids=tape[: call.prompt_end],
+                    response_ids=response,
+                    logprobs=_logprobs(call.data.get("response_log_probs"), len(response)),
+                    model_version=_version(call.data.get("server")),
+                )
             )
-        )
     return ReadResult(triplets, reward, failed, unreadable)
 
 
-def _prompt_ids(value: Any, fulls: dict[int, np.ndarray], index: int) -> np.ndarray | None:
-    if not isinstance(value, dict):
-        return _ids(value)
-    source = value.get("prefix_of")
-    length = value.get("prefix_len", 0)
-    suffix = _ids(value.get("suffix"))
-    if suffix is None or not isinstance(length, int):
-        raise TripletReadError(f"event {index}: malformed prompt delta")
-    if source is None:
-        if length:
-            raise TripletReadError(f"event {index}: prefix_len {length} without prefix_of")
-        return suffix
-    base = fulls.get(source) if isinstance(source, int) and 0 <= source < index else None
-    if base is None or not 0 <= length <= len(base):
-        raise TripletReadError(f"event {index}: prompt delta refers to event {source!r}, prefix_len {length}")
-    return np.concatenate((base[:length], suffix))
+def _place(
+    prompt: Any, response: np.ndarray | None, calls: dict[int, _Call], index: int, data: dict[str, Any]
+) -> _Call | None:
+    """Put one call's prompt and response on a tape: the source's when it continues it exactly."""
+    tape: _Tape | None = None
+    if isinstance(prompt, dict):
+        source = prompt.get("prefix_of")
+        length = prompt.get("prefix_len", 0)
+        suffix = _ids(prompt.get("suffix"))
+        if suffix is None or not isinstance(length, int):
+            raise TripletReadError(f"event {index}: malformed prompt delta")
+        if source is None:
+            if length:
+                raise TripletReadError(f"event {index}: prefix_len {length} without prefix_of")
+            prefix = None
+        else:
+            base = calls.get(source) if isinstance(source, int) and 0 <= source < index else None
+            if base is None or not 0 <= length <= base.full_end:
+                raise TripletReadError(
+                    f"event {index}: prompt delta refers to event {source!r}, prefix_len {length}"
+                )
+            if length == base.full_end == base.tape.length:
+                tape = base.tape  # the common case: this call continues the source call exactly
+                prefix = None
+            else:
+                prefix = base.tape.array()[:length]
+        if tape is None:
+            tape = _Tape()
+            if prefix is not None:
+                tape.extend(prefix)
+        tape.extend(suffix)
+    else:
+        ids = _ids(prompt)
+        if ids is None:
+            return None
+        tape = _Tape()
+        tape.extend(ids)
+    prompt_end = tape.length
+    if response is not None:
+        tape.extend(response)
+    call = _Call(tape, prompt_end, tape.length, data, keep=False)
+    calls[index] = call
+    return call
 
 
 def _ids(value: Any) -> np.ndarray | None:
@@ -123,7 +189,8 @@ def _logprobs(value: Any, n: int) -> np.ndarray | None:
         array = np.array(value, dtype=np.float32)
     except (TypeError, ValueError):
         return None
-    return array if array.ndim == 1 and bool(np.isfinite(array).all()) else None
+    # A float64 sum of float32 values cannot overflow, so it is finite exactly when all values are.
+    return array if array.ndim == 1 and math.isfinite(float(array.sum(dtype=np.float64))) else None
 
 
 def _version(server: Any) -> int | None:

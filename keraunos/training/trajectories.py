@@ -81,7 +81,7 @@ class Rows:
     """Training rows as plain NumPy arrays (N rows, P = max_prompt_len, R = max_response_len).
 
     `input_ids`, `attention_mask`, `position_ids`: (N, P + R), prompt left-padded then response
-    right-padded. `response_mask`: (N, R), 1 exactly on model-generated ids. `token_rewards`: (N, R),
+    right-padded; positions count the real ids from 0 and are 0 on padding. `response_mask`: (N, R), 1 exactly on model-generated ids. `token_rewards`: (N, R),
     the rollout's reward at the row's last response id. `old_logprobs`: (N, R), 0 where masked or
     where `logprobs_valid` (N,) is False. `rewards`, `rollout_index` (into the rollouts given),
     `first_call`, `n_calls`: (N,). `rollout_ids`, `data_ids`: (N,) object arrays of str.
@@ -169,10 +169,19 @@ def continues(prompt: np.ndarray, previous: Triplet) -> bool:
     n_prompt, n_response = len(previous.prompt_ids), len(previous.response_ids)
     if len(prompt) < n_prompt + n_response:
         return False
+    if _same_memory(prompt, previous.prompt_ids) and _same_memory(prompt[n_prompt:], previous.response_ids):
+        return True  # views of one tape (see `keraunos.training._read`): equal by construction
     return bool(
         np.array_equal(prompt[:n_prompt], previous.prompt_ids)
         and np.array_equal(prompt[n_prompt : n_prompt + n_response], previous.response_ids)
     )
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether `b` is a view of the same ids that `a` starts with (same buffer, start, dtype, step)."""
+    if a.base is None or a.base is not b.base or a.dtype != b.dtype or a.strides != b.strides:
+        return False
+    return a.ctypes.data == b.ctypes.data
 
 
 def classify_break(
@@ -236,7 +245,12 @@ def _pack(
     kept: list[tuple[int, _Draft, np.ndarray, np.ndarray, np.ndarray | None]] = []
     for index, draft in drafts:
         ids = np.concatenate([piece[0] for piece in draft.pieces])
-        mask = np.concatenate([np.full(len(piece[0]), piece[1], dtype=bool) for piece in draft.pieces])
+        mask = np.zeros(len(ids), dtype=bool)
+        offset = 0
+        for piece_ids, trainable, _ in draft.pieces:
+            if trainable:
+                mask[offset : offset + len(piece_ids)] = True
+            offset += len(piece_ids)
         if not mask.any():
             counts["no_trainable_rows"] += 1
             continue
@@ -267,6 +281,7 @@ def _pack(
     rollout_index = np.zeros(n, dtype=np.int64)
     first_call = np.zeros(n, dtype=np.int64)
     n_calls = np.zeros(n, dtype=np.int64)
+    position_ids = np.zeros((n, p + r), dtype=np.int64)
     rollout_ids = np.empty(n, dtype=object)
     data_ids = np.empty(n, dtype=object)
     for row, (index, draft, ids, mask, logprobs) in enumerate(kept):
@@ -275,6 +290,7 @@ def _pack(
         input_ids[row, p - n_prompt : p] = draft.prompt
         input_ids[row, p : p + n_response] = ids
         attention[row, p - n_prompt : p + n_response] = 1
+        position_ids[row, p - n_prompt : p + n_response] = np.arange(n_prompt + n_response)
         response_mask[row, :n_response] = mask
         token_rewards[row, n_response - 1] = rollout.reward
         if logprobs is not None:
@@ -286,7 +302,6 @@ def _pack(
         n_calls[row] = draft.n_calls
         rollout_ids[row] = rollout.rollout_id
         data_ids[row] = rollout.group_id
-    position_ids = np.maximum(np.cumsum(attention, axis=1, dtype=np.int64) - 1, 0)
     return Rows(
         input_ids=input_ids,
         attention_mask=attention,

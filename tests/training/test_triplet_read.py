@@ -7,9 +7,13 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keraunos.ledger._triplet_delta import delta_encode
+from keraunos.training._data import CompletedRollout
 from keraunos.training._read import TripletReadError, read_events, read_events_json
+from keraunos.training.trajectories import TrajectoryConfig, build_rows
 
 
 def call(prompt: list[Any], response: list[Any], **extra: Any) -> dict[str, Any]:
@@ -72,3 +76,61 @@ def test_a_broken_delta_reference_is_a_clear_error() -> None:
     ]
     with pytest.raises(TripletReadError, match="refers to event 4"):
         read_events(broken)
+
+
+@st.composite
+def recorded_calls(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Calls that continue, cut or restart the history, some failed, some restarted, with rewards."""
+    events: list[dict[str, Any]] = []
+    history: list[int] = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.sampled_from(["continue", "continue", "cut", "failed", "restart", "reward"]))
+        response = draw(st.lists(st.integers(0, 5), max_size=4))
+        if kind == "reward":
+            events.append(reward(draw(st.sampled_from([0.0, 1.0, None]))))
+        elif kind == "failed":
+            events.append(call([], [], http_status=500, status="error"))
+        elif kind == "restart":
+            events.append(call(draw(st.sampled_from([[], [1]])), response))
+        else:
+            keep = len(history) if kind == "continue" else draw(st.integers(0, len(history)))
+            prompt = history[:keep] + draw(st.lists(st.integers(0, 5), max_size=3))
+            events.append(call(prompt, response))
+            history = prompt + response
+    return events
+
+
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(events=recorded_calls())
+def test_reading_the_delta_form_gives_exactly_the_triplets_of_the_full_form(
+    events: list[dict[str, Any]],
+) -> None:
+    full = read_events(events)
+    compact = read_events_json(orjson.dumps(delta_encode(events), option=orjson.OPT_SERIALIZE_NUMPY))
+    assert (compact.reward, compact.failed_calls, compact.unreadable_calls) == (
+        full.reward,
+        full.failed_calls,
+        full.unreadable_calls,
+    )
+    as_lists = [
+        [(t.prompt_ids.tolist(), t.response_ids.tolist(), t.logprobs is None) for t in r.triplets]
+        for r in (full, compact)
+    ]
+    assert as_lists[0] == as_lists[1]
+    expected = [
+        (e["data"]["prompt_token_ids"], e["data"]["response_token_ids"])
+        for e in events
+        if e["event_type"] == "model_request" and e["data"].get("status") != "error"
+    ]
+    assert [(p, r) for p, r, _ in as_lists[1]] == expected
+
+
+def test_calls_read_from_deltas_merge_into_rows_exactly_as_full_ones() -> None:
+    grow = [call([1, 2], [3]), call([1, 2, 3, 4], [5]), call([1, 2, 3, 4, 5, 6], [7]), call([1, 2, 9], [8])]
+    config = TrajectoryConfig(max_prompt_len=16, max_response_len=16)
+    for raw in (orjson.dumps(grow), orjson.dumps(delta_encode(grow), option=orjson.OPT_SERIALIZE_NUMPY)):
+        rollout = CompletedRollout("r", "g", read_events_json(raw).triplets, 1.0)
+        built = build_rows([rollout], config)
+        assert built.rows.n_calls.tolist() == [3, 1]
+        assert built.rows.response_mask[0, :6].tolist() == [1, 0, 1, 0, 1, 0]
+        assert [(b.call_index, b.shared_prefix) for b in built.breaks] == [(3, 2)]
