@@ -82,6 +82,11 @@ class GatewayClient:
         response = await self._request("GET", f"/api/rollouts/{rollout_id}", ok=(200, 404))
         return response.json()["rollout"] if response.status_code == 200 else None
 
+    async def terminal_page(self, after: int, limit: int) -> dict[str, Any]:
+        """One page of the terminal cursor: `{items, next_after, total_terminal}`."""
+        params = {"after": str(after), "limit": str(limit)}
+        return (await self._request("GET", "/api/rollouts/terminal", params=params)).json()
+
     async def patch_status(self, rollout_id: str, status: dict[str, Any]) -> dict[str, Any] | None:
         """Patch the rollout's status; the rollout after, or None when the move is refused (409) or it is gone."""
         response = await self._request(

@@ -62,8 +62,8 @@ class ControllerConfig(LayeredSettings):
     lease_s: float = Field(
         default=30.0,
         gt=0.0,
-        description="Lease asked for each claimed attempt; heartbeats renew it every lease/3 (or every "
-        "poll, if that is shorter). An attempt whose lease runs out is finished as 'lost' by the gateway.",
+        description="Lease asked for each claimed attempt; heartbeats renew it every lease/3. An "
+        "attempt whose lease runs out is finished as 'lost' by the gateway.",
     )
     default_timeout_s: float = Field(
         default=3600.0,

@@ -68,7 +68,7 @@ def build_source(config: ControllerConfig, client: GatewayClient, features: list
             client,
             controller_id=config.controller_id or default_controller_id(),
             lease_s=config.lease_s,
-            renew_interval_s=min(config.lease_s / 3, config.poll_interval_s),
+            renew_interval_s=config.poll_interval_s,
             agent_keys=bool(config.key),
             upload_logs=LOGS_FEATURE in known,
             log_upload_max_bytes=config.log_upload_max_bytes,

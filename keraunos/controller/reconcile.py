@@ -68,6 +68,8 @@ class Reconciler:
         self.plan = plan
         self.settings = settings
         self._live: dict[tuple[str, str], tuple[Assignment, LocalAgent]] = {}
+        # Taken and not yet reported: their leases are renewed while agents start, run and report.
+        self._held: dict[tuple[str, str], Assignment] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
 
@@ -79,7 +81,7 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until `stop` is set, then stop every agent and report its attempt."""
         await self._report_leftovers()
-        renewer = asyncio.create_task(self._renew_loop(stop))
+        renewer = asyncio.create_task(self._renew_loop())
         try:
             while not stop.is_set():
                 free = self.settings.pool_size - self.live_count
@@ -89,10 +91,13 @@ class Reconciler:
                 await _first_of(stop, self._slot_freed, within_s=self.settings.poll_interval_s)
                 self._slot_freed.clear()
         finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
-            await self._shutdown()
+            # Leases stay renewed while the agents are stopped and their attempts reported.
+            try:
+                await self._shutdown()
+            finally:
+                renewer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewer
 
     async def _take(self, count: int) -> int:
         try:
@@ -100,6 +105,8 @@ class Reconciler:
         except (GatewayError, GatewayUnreachable) as exc:
             log.warning("cannot take work", error=str(exc))
             return 0
+        for assignment in assignments:
+            self._held[(assignment.rollout_id, assignment.attempt_id)] = assignment
         for assignment in assignments:
             await self._start(assignment)
         return len(assignments)
@@ -149,12 +156,19 @@ class Reconciler:
 
     async def _report_and_forget(self, record: AgentRecord, ending: Ending) -> None:
         """Report the ending, retrying while the gateway is unreachable or failing, then drop the record."""
+        try:
+            if await self._report(record, ending):
+                self.runner.forget(record)
+        finally:
+            self._held.pop((record.rollout_id, record.attempt_id), None)
+
+    async def _report(self, record: AgentRecord, ending: Ending) -> bool:
         deadline = time.monotonic() + self.settings.report_retry_s
         delay = 0.1
         while True:
             try:
                 await self.source.report(record.rollout_id, record.attempt_id, ending, Path(record.log_path))
-                break
+                return True
             except (GatewayError, GatewayUnreachable) as exc:
                 if time.monotonic() + delay > deadline:
                     # The record stays: a restarted controller reports the attempt as lost.
@@ -164,17 +178,16 @@ class Reconciler:
                         attempt_id=record.attempt_id,
                         error=str(exc),
                     )
-                    return
+                    return False
                 log.warning("report failed; retrying", rollout_id=record.rollout_id, error=str(exc))
                 await asyncio.sleep(delay * random.uniform(0.75, 1.25))
                 delay = min(delay * 2, 5.0)
-        self.runner.forget(record)
 
-    async def _renew_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await _first_of(stop, within_s=self.source.renew_interval_s)
-            live = [assignment for assignment, _ in self._live.values()]
-            if not live or stop.is_set():
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.source.renew_interval_s)
+            live = list(self._held.values())
+            if not live:
                 continue
             try:
                 to_stop = await self.source.renew(live)

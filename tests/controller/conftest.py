@@ -33,7 +33,7 @@ GATEWAY_ARGS = (
 )
 
 #: Knobs of the controllers started here unless a test says otherwise.
-FAST_ARGS = ("--poll-interval-s", "0.1", "--lease-s", "4", "--grace-s", "0.5")
+FAST_ARGS = ("--poll-interval-s", "0.1", "--lease-s", "10", "--grace-s", "0.5")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:

@@ -1,6 +1,6 @@
 """The controller against a keraunos gateway (attempt protocol), end to end with real processes.
 
-One gateway and one controller (pool of 8, polls of 0.1 s, leases of 4 s) run every test's
+One gateway and one controller (pool of 8, polls of 0.1 s, leases of 10 s) run every test's
 rollouts; agents are real subprocesses using the `openai` client through the gateway's proxy.
 """
 
