@@ -165,6 +165,18 @@ def controller(ctx: typer.Context) -> None:
     typer.main.get_command(controller_app).main(args=ctx.args, prog_name="keraunos controller")
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    short_help="Serve a local transformers model over an OpenAI-compatible API (see keraunos serve --help).",
+)
+def serve(ctx: typer.Context) -> None:
+    """Serve a local Hugging Face causal LM with token ids, log probabilities and weight swaps."""
+    from keraunos.serving.cli import serve_app
+
+    typer.main.get_command(serve_app()).main(args=ctx.args, prog_name="keraunos serve")
+
+
 def main() -> None:
     """Console-script entry point (`keraunos`)."""
     app()
