@@ -22,6 +22,7 @@ from keraunos.training.trajectories import TrajectoryConfig, build_rows
 pytestmark = pytest.mark.timeout(60)
 
 ROWS = [{"question": "2+2", "data_id": "q1"}, {"question": "3+3"}]
+MODES = ["sync", "async"]
 
 
 def config(gateway: Gateway, **overrides: Any) -> CollectorConfig:
@@ -82,11 +83,12 @@ def test_sync_collect_returns_complete_groups_read_exactly_from_the_compact_trip
     assert batch.metrics["groups"] == 2 and batch.metrics["rollouts_created"] == 6
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("policy", ["drop", "fill"])
 def test_a_failed_sibling_yields_no_rows_by_default_and_the_fill_reward_under_fill(
-    collect_gateway: Gateway, agents: Any, policy: str
+    collect_gateway: Gateway, agents: Any, policy: str, mode: str
 ) -> None:
-    cfg = config(collect_gateway, failed_rollouts=policy, fill_reward=-1.0, batch_size=1)
+    cfg = config(collect_gateway, failed_rollouts=policy, fill_reward=-1.0, batch_size=1, mode=mode)
 
     def script(rid: str) -> Any:
         return agents.plan(state="failed", reward=5.0) if sibling(rid) == 0 else agents.plan(reward=1.0)
@@ -99,10 +101,11 @@ def test_a_failed_sibling_yields_no_rows_by_default_and_the_fill_reward_under_fi
     assert batch.metrics.get("failed_rollouts_filled", 0) == (1 if policy == "fill" else 0)
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_a_succeeded_rollout_without_reward_gets_the_fill_reward_and_is_counted(
-    collect_gateway: Gateway, agents: Any
+    collect_gateway: Gateway, agents: Any, mode: str
 ) -> None:
-    cfg = config(collect_gateway, fill_reward=0.25, batch_size=1)
+    cfg = config(collect_gateway, fill_reward=0.25, batch_size=1, mode=mode)
     [batch] = collect_with(
         agents, collect_gateway, cfg, lambda rid: agents.plan(reward=None if sibling(rid) == 1 else 1.0)
     )
@@ -110,10 +113,11 @@ def test_a_succeeded_rollout_without_reward_gets_the_fill_reward_and_is_counted(
     assert batch.metrics["missing_reward_rollouts"] == 1
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_an_all_equal_reward_group_gets_zero_advantage_and_a_group_left_with_one_sibling_is_dropped(
-    collect_gateway: Gateway, agents: Any
+    collect_gateway: Gateway, agents: Any, mode: str
 ) -> None:
-    cfg = config(collect_gateway, n=2)
+    cfg = config(collect_gateway, n=2, mode=mode)
 
     def script(rid: str) -> Any:
         lonely = ".i1." in rid and sibling(rid) == 0  # row 1 loses a sibling: one left, no baseline
@@ -196,14 +200,16 @@ def test_async_mode_carries_unfinished_groups_over_across_three_steps(
     assert [b.metrics.get("groups_submitted", 0) for b in batches] == [3, 1, 1]
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_groups_too_stale_in_model_versions_are_dropped_and_counted(
-    collect_gateway: Gateway, agents: Any
+    collect_gateway: Gateway, agents: Any, mode: str
 ) -> None:
-    cfg = config(collect_gateway, batch_size=1, max_staleness=1)
-    fresh = config(collect_gateway, batch_size=1, max_staleness=1)
+    cfg = config(collect_gateway, batch_size=1, max_staleness=1, mode=mode)
+    fresh = config(collect_gateway, batch_size=1, max_staleness=1, mode=mode)
     [stale] = collect_with(agents, collect_gateway, cfg, lambda rid: agents.plan(), model_version=3)
     assert stale.groups == []
-    assert stale.metrics["stale_groups_dropped"] == 1
+    # Sync mode gives up on its one row; async mode replaces the dropped group with the next row.
+    assert stale.metrics["stale_groups_dropped"] == (1 if mode == "sync" else len(ROWS))
     [kept] = collect_with(agents, collect_gateway, fresh, lambda rid: agents.plan(), model_version=2)
     assert [g.staleness for g in kept.groups] == [1]
     assert kept.metrics["staleness_max"] == 1
