@@ -63,3 +63,15 @@ def test_served_logprobs_equal_recomputed_logprobs_before_and_after_a_weight_swa
     batch = to_batch(served_rollouts(runner, 1.0, seed=9), 1.0)
     gap = np.abs(trainer.logprobs(batch) - batch.old_logprobs)[batch.response_mask]
     assert gap.max() < TOLERANCE
+
+
+def test_a_saved_model_directory_swaps_into_a_server_in_another_process_the_same_way(
+    tiny_model: Path, tmp_path: Path, to_batch: Callable[..., TrainBatch]
+) -> None:
+    runner = ModelRunner.load(tiny_model)
+    trainer = TorchTrainer(TorchTrainerConfig(model_path=str(tiny_model), device="cpu", lr=3e-3))
+    trainer.step(to_batch(served_rollouts(runner, 1.0, seed=1), 1.0))
+    assert runner.load_weights(trainer.save_model(tmp_path / "weights"), version=7) == 7
+    batch = to_batch(served_rollouts(runner, 1.0, seed=2), 1.0)
+    gap = np.abs(trainer.logprobs(batch) - batch.old_logprobs)[batch.response_mask]
+    assert gap.max() < TOLERANCE

@@ -239,6 +239,17 @@ class TorchTrainer:
         """The policy's current weights by name (live tensors: copy them, e.g. `load_state_dict`)."""
         return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
 
+    def save_model(self, path: str | Path) -> Path:
+        """Write the current policy as a Hugging Face model directory (safetensors, config, tokenizer).
+
+        What an out-of-process model server loads (`POST /keraunos/weights` with this path), or
+        the final model of a run. Unlike a checkpoint it holds no optimizer state.
+        """
+        path = Path(path)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
     def save_checkpoint(self, path: str | Path) -> Path:
         """Write weights, tokenizer, optimizer state, step and config to the new directory `path`."""
         written = save_checkpoint(
