@@ -83,3 +83,15 @@ def test_serve_without_a_model_says_so_in_one_line(cli: Any, tmp_path: Path) -> 
         result.stderr.strip()
         == f"error: {tmp_path / 'empty'} holds no model (no config.json); add --tiny to build a tiny one there"
     )
+
+
+def test_serve_settings_come_from_keraunos_serve_variables_and_bad_values_are_one_line(
+    cli: Any, tmp_path: Path
+) -> None:
+    missing = cli("serve", env={"KERAUNOS_SERVE_MODEL": str(tmp_path / "from-env")})
+    assert missing.returncode == 1 and f"{tmp_path / 'from-env'} holds no model" in missing.stderr
+    bad = cli("serve", "--model", str(tmp_path), env={"KERAUNOS_SERVE_MAX_BATCH_SIZE": "0"})
+    assert bad.returncode == 2
+    assert bad.stderr.strip().startswith(
+        "error: invalid value '0' for max_batch_size (from KERAUNOS_SERVE_MAX_BATCH_SIZE)"
+    )
