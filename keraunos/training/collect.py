@@ -231,7 +231,9 @@ class RolloutCollector:
             groups = self._take(len(self._ready), model_version, counts)
         else:
             groups = await self._collect_async(step, source, index, model_version, counts)
-        return CollectedBatch(step, groups, self._metrics(step, groups, counts, time.monotonic() - started))
+        metrics = self._metrics(step, groups, counts, time.monotonic() - started)
+        log.info("collected", step=step, **metrics)
+        return CollectedBatch(step, groups, metrics)
 
     async def pause_and_drain(self, timeout_s: float) -> DrainReport:
         """Pause the proxy and wait up to `timeout_s` for the model calls in flight to finish."""
