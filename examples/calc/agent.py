@@ -1,0 +1,139 @@
+"""The calc agent: an arithmetic question, a calculator tool the model may call, an exact reward.
+
+`solve` is the conversation loop with the model behind a plain function (messages in, reply text
+out), so it runs against anything: a keraunos rollout, any OpenAI-compatible server, a test script.
+`CalcAgent.run()` is the rollout entry point (`config.local.agent_class =
+"examples.calc.agent:CalcAgent"`): it reads its task from `AGENT_INPUT` (the rollout's input, a JSON
+object with `question` and `answer`), talks to the model through `AGL_OPENAI_BASE_URL` with the
+official `openai` client, and posts reward 1.0 for an exactly right final answer, 0.0 otherwise.
+
+Settings, from the environment: `CALC_MAX_TURNS` (model calls per episode, default 4),
+`CALC_MAX_TOKENS` (per reply, default 48), `CALC_MODEL` (the model name sent; the gateway replaces
+it with its served model anyway, default `policy`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from examples.calc.protocol import CalcCall, FinalAnswer, is_correct, parse_reply, tool_result
+
+#: The environment variable holding the rollout's input (see `keraunos train`'s `input_env`).
+INPUT_ENV = "AGENT_INPUT"
+
+SYSTEM_PROMPT = (
+    "Solve the arithmetic question. To compute, write <calc>EXPRESSION</calc> (integers, + - * / "
+    "and parentheses) and wait for <result>VALUE</result>. End with <answer>NUMBER</answer>."
+)
+REMINDER = "Write <calc>EXPRESSION</calc> to compute, or <answer>NUMBER</answer> to answer."
+
+Message = dict[str, str]
+Chat = Callable[[list[Message]], str]
+
+
+@dataclass
+class Episode:
+    """One conversation: its messages (system first), the final answer if any, and counters."""
+
+    messages: list[Message]
+    answer: str | None = None
+    model_calls: int = 0
+    tool_calls: int = 0
+    replies: list[str] = field(default_factory=list)
+
+
+def first_messages(question: str) -> list[Message]:
+    """The conversation's opening: the protocol as the system prompt, the question as the user turn."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def solve(question: str, chat: Chat, *, max_turns: int = 4) -> Episode:
+    """Talk to the model until it answers or `max_turns` replies were used.
+
+    Each reply is added to the conversation exactly as the model wrote it (so a server can reuse
+    its own token ids), then answered with the calculator's result or the protocol reminder.
+    """
+    episode = Episode(first_messages(question))
+    for _ in range(max_turns):
+        reply = chat(episode.messages)
+        episode.model_calls += 1
+        episode.replies.append(reply)
+        episode.messages.append({"role": "assistant", "content": reply})
+        action = parse_reply(reply)
+        if isinstance(action, FinalAnswer):
+            episode.answer = action.text
+            break
+        if isinstance(action, CalcCall):
+            episode.tool_calls += 1
+            episode.messages.append({"role": "user", "content": tool_result(action.expression)})
+        else:
+            episode.messages.append({"role": "user", "content": REMINDER})
+    return episode
+
+
+def reward_of(episode: Episode, expected: int | str) -> float:
+    """1.0 when the final answer equals `expected` exactly as a number, else 0.0 (no answer: 0.0)."""
+    return 1.0 if episode.answer is not None and is_correct(episode.answer, expected) else 0.0
+
+
+def openai_chat(client: Any, model: str, max_tokens: int) -> Chat:
+    """A `Chat` over an `openai.OpenAI` client (`chat.completions.create`); None content reads as ''."""
+
+    def chat(messages: list[Message]) -> str:
+        response = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens)
+        return response.choices[0].message.content or ""
+
+    return chat
+
+
+class TaskError(ValueError):
+    """The agent's task (`AGENT_INPUT`) is missing or malformed; the message says what to fix."""
+
+
+def read_task(environ: Mapping[str, str]) -> tuple[str, int | str]:
+    """(question, expected answer) from the rollout input in `AGENT_INPUT`."""
+    raw = environ.get(INPUT_ENV)
+    if raw is None:
+        raise TaskError(
+            f"{INPUT_ENV} is not set: map the rollout input to it (config.local.env_map "
+            f'{{"{INPUT_ENV}": "input"}}; keraunos train does this)'
+        )
+    try:
+        task = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TaskError(f"{INPUT_ENV} is not JSON: {exc}") from None
+    if not isinstance(task, dict) or not isinstance(task.get("question"), str) or "answer" not in task:
+        raise TaskError(f'{INPUT_ENV} must be a JSON object with "question" (string) and "answer"')
+    answer = task["answer"]
+    if not isinstance(answer, int | str) or isinstance(answer, bool):
+        raise TaskError(f'{INPUT_ENV}: "answer" must be an integer or a string')
+    return task["question"], answer
+
+
+class CalcAgent:
+    """The rollout entry point: one question, at most `CALC_MAX_TURNS` model calls, one reward."""
+
+    def run(self) -> None:
+        """Solve the rollout's question through the gateway and post the reward."""
+        from openai import OpenAI
+
+        from keraunos.agent import api_key, emit_reward, openai_base_url
+
+        question, expected = read_task(os.environ)
+        max_turns = int(os.environ.get("CALC_MAX_TURNS", "4"))
+        max_tokens = int(os.environ.get("CALC_MAX_TOKENS", "48"))
+        model = os.environ.get("CALC_MODEL", "policy")
+        # A paused gateway answers 429 with Retry-After while weights are swapped; wait it out.
+        client = OpenAI(base_url=openai_base_url(), api_key=api_key(), max_retries=8)
+        episode = solve(question, openai_chat(client, model, max_tokens), max_turns=max_turns)
+        reward = reward_of(episode, expected)
+        emit_reward(
+            reward,
+            reason="exact answer" if reward else "wrong or no answer",
+            model_calls=episode.model_calls,
+            tool_calls=episode.tool_calls,
+        )
