@@ -21,6 +21,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from jinja2 import TemplateError
+
 #: Marks the place of a remembered assistant content in the rendered template (Unicode private use).
 _MARKER = re.compile("(\ue000\\d+\ue001)")
 
@@ -79,7 +81,7 @@ def chat_prompt_ids(
         text = tokenizer.apply_chat_template(
             rendered, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
         )
-    except Exception as exc:  # jinja2 errors of the model's own template: the caller's messages
+    except (TemplateError, ValueError, TypeError, KeyError) as exc:  # the messages do not fit the template
         raise PromptError(f"the chat template cannot render these messages: {exc}") from None
     if not isinstance(text, str):
         raise PromptError("the chat template did not render text")

@@ -237,6 +237,7 @@ class ModelRunner:
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
@@ -246,7 +247,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     for file in files:
         try:
             state.update(load_file(file))
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
+        except (OSError, SafetensorError) as exc:
             raise WeightsError(f"cannot read {file}: {exc}") from None
     return state
 

@@ -133,7 +133,8 @@ def test_top_logprobs_list_the_best_alternatives_of_the_sampled_distribution(cli
 
 def test_concurrent_requests_share_one_batch_and_get_what_they_would_get_alone(make_server: Any) -> None:
     running = make_server(batch_wait_ms=400)
-    prompts = [[{"role": "user", "content": f"What is {i} + {i}?"}] for i in range(4)]
+    # Prompts of different lengths: the batch is left-padded.
+    prompts = [[{"role": "user", "content": f"What is {10 ** (3 * i)} + {i}?"}] for i in range(4)]
     together: list[Any] = [None] * 4
 
     def ask(i: int) -> None:
@@ -151,6 +152,7 @@ def test_concurrent_requests_share_one_batch_and_get_what_they_would_get_alone(m
         alone = [chat(c, p, temperature=0, max_tokens=5, return_token_ids=True) for p in prompts]
     assert [a["choices"][0]["token_ids"] for a in together] == [a["choices"][0]["token_ids"] for a in alone]
     assert [a["prompt_token_ids"] for a in together] == [a["prompt_token_ids"] for a in alone]
+    assert len({len(a["prompt_token_ids"]) for a in alone}) > 1
 
 
 def test_a_stream_carries_the_same_reply_as_the_non_streamed_answer(client: httpx.Client) -> None:
