@@ -426,6 +426,8 @@ class StreamedCall(Response):
         except (TimeoutError, aiohttp.ClientError) as exc:
             if not self._done:  # after [DONE] the call is complete, whatever the connection does
                 problem = describe(exc, opened.endpoint.endpoint)
+        except OSError:  # ASGI >= 2.4 servers raise it from `send` once the agent has gone
+            status = CLIENT_DISCONNECTED
         upstream_end = time.perf_counter()
         latency_s = time.monotonic() - opened.started
         if at_eof:

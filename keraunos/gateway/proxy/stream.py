@@ -33,6 +33,10 @@ class SseSplitter:
     def feed(self, data: bytes) -> list[bytes]:
         """The events completed by `data`, in order; an incomplete tail waits for the next piece."""
         buffer = self._pending + data if self._pending else data
+        if b"\r" not in buffer:  # the usual case, LF line ends: let bytes.split do the work
+            parts = buffer.split(b"\n\n")
+            self._pending = parts.pop()
+            return [part + b"\n\n" for part in parts]
         events: list[bytes] = []
         start = 0
         search = _EVENT_END.search
@@ -74,6 +78,15 @@ def event_data(event: bytes) -> bytes | None:
 def classify(event: bytes) -> tuple[EventKind, Any]:
     """What an event is: `("chunk", JSON object)`, `("done", None)` for `data: [DONE]`, or
     `("other", None)` (a comment, a keep-alive, data that is not a JSON object)."""
+    if event.startswith(b"data: {"):
+        # The usual event, one line of JSON: orjson takes the blank line after it as whitespace.
+        # Anything else (several data lines, other fields) fails here and is read line by line.
+        try:
+            chunk = orjson.loads(event[6:])
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            return ("chunk", chunk) if isinstance(chunk, dict) else ("other", None)
     data = event_data(event)
     if data is None:
         return "other", None
@@ -113,40 +126,70 @@ def ask_for_usage(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return {**body, "stream_options": {**options, "include_usage": True}}, False
 
 
+#: Choice keys `_Choice.add` reads directly; any other key is kept as it came (last non-null value).
+_CHOICE_KEYS = frozenset(("index", "delta", "text", "logprobs", "finish_reason", "token_ids"))
+#: Delta keys of the usual chat chunk: a message role and a piece of its content.
+_PLAIN_DELTA = frozenset(("role", "content"))
+#: Top-level keys `StreamAssembler.add` always reads directly.
+_CHUNK_KEYS = frozenset(("choices", "usage"))
+
+
 class _Choice:
     """What the chunks of one choice have said so far."""
 
-    __slots__ = ("fields", "logprobs", "message", "text", "token_ids", "tool_calls")
+    __slots__ = ("fields", "logprobs", "message", "pieces", "token_ids", "tool_calls")
 
     def __init__(self) -> None:
         self.fields: dict[str, Any] = {}
-        self.text: list[str] | None = None
+        # String fields arriving in pieces: message fields of a chat delta, or `text`.
+        self.pieces: dict[str, list[str]] = {}
         self.message: dict[str, Any] = {}
-        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.tool_calls: dict[Any, dict[str, Any]] = {}
         self.logprobs: dict[str, Any] | None = None
         self.token_ids: list[Any] | None = None
 
     def add(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            if delta.keys() <= _PLAIN_DELTA:
+                self._add_plain_delta(delta)
+            else:
+                self._add_delta(delta)
+        text = choice.get("text")
+        if isinstance(text, str):
+            self._piece("text", text)
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            if self.token_ids is None:
+                self.token_ids = []
+            self.token_ids.extend(ids)
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            self._add_logprobs(logprobs)
         fields = self.fields
-        for key, value in choice.items():
-            if key == "delta":
-                if isinstance(value, dict):
-                    self._add_delta(value)
-            elif key == "text":
-                if isinstance(value, str):
-                    if self.text is None:
-                        self.text = []
-                    self.text.append(value)
-            elif key == "token_ids":
-                if isinstance(value, list):
-                    if self.token_ids is None:
-                        self.token_ids = []
-                    self.token_ids.extend(value)
-            elif key == "logprobs":
-                if isinstance(value, dict):
-                    self._add_logprobs(value)
-            elif value is not None or key not in fields:
-                fields[key] = value
+        if "finish_reason" in choice:
+            reason = choice["finish_reason"]
+            if reason is not None or "finish_reason" not in fields:
+                fields["finish_reason"] = reason
+        if not choice.keys() <= _CHOICE_KEYS:
+            for key, value in choice.items():
+                if key not in _CHOICE_KEYS and (value is not None or key not in fields):
+                    fields[key] = value
+
+    def _piece(self, key: str, value: str) -> None:
+        pieces = self.pieces.get(key)
+        if pieces is None:
+            self.pieces[key] = [value]
+        else:
+            pieces.append(value)
+
+    def _add_plain_delta(self, delta: dict[str, Any]) -> None:
+        role = delta.get("role")
+        if role is not None:
+            self.message["role"] = role
+        content = delta.get("content")
+        if isinstance(content, str):
+            self._piece("content", content)
 
     def _add_delta(self, delta: dict[str, Any]) -> None:
         message = self.message
@@ -155,8 +198,7 @@ class _Choice:
                 if isinstance(value, list):
                     self._add_tool_calls(value)
             elif isinstance(value, str) and key != "role":
-                previous = message.get(key)
-                message[key] = previous + value if isinstance(previous, str) else value
+                self._piece(key, value)
             elif key == "function_call" and isinstance(value, dict):
                 message[key] = _merge_function(message.get(key), value)
             elif value is not None or key not in message:
@@ -190,16 +232,17 @@ class _Choice:
             elif value is not None or key not in merged:
                 merged[key] = value
 
-    def chat(self, index: int) -> dict[str, Any]:
+    def chat(self, index: Any) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.message.get("role") or "assistant", "content": None}
         message.update((k, v) for k, v in self.message.items() if k != "role")
+        message.update((k, "".join(v)) for k, v in self.pieces.items())
         if self.tool_calls:
             message["tool_calls"] = [call for _, call in sorted(self.tool_calls.items(), key=_index_order)]
         choice: dict[str, Any] = {"index": index, "message": message, "logprobs": self.logprobs}
         return self._finish(choice)
 
-    def completion(self, index: int) -> dict[str, Any]:
-        text = "".join(self.text) if self.text is not None else ""
+    def completion(self, index: Any) -> dict[str, Any]:
+        text = "".join(self.pieces.get("text", ()))
         choice: dict[str, Any] = {"index": index, "text": text, "logprobs": self.logprobs}
         return self._finish(choice)
 
@@ -216,7 +259,7 @@ class _Choice:
 
 
 def _merge_function(previous: Any, piece: dict[str, Any]) -> dict[str, Any]:
-    """Merge a streamed `function` piece: `arguments` (and `name`) arrive as string fragments."""
+    """Merge a streamed `function` piece: `arguments` arrive as string fragments."""
     merged: dict[str, Any] = dict(previous) if isinstance(previous, dict) else {}
     for key, value in piece.items():
         old = merged.get(key)
@@ -235,7 +278,8 @@ class StreamAssembler:
     with `text`; per choice the concatenated `token_ids` and log probs (every list in `logprobs`
     concatenated: `content`, `token_logprobs`, `tokens`, `top_logprobs`, `text_offset`) and the
     last finish reason; `prompt_token_ids` (top level in chat, per choice in completions) and the
-    usage as the upstream sent them. A chunk carrying an `error` is kept as the response's `error`.
+    usage as the upstream sent them. Other top-level keys keep their first non-null value. A chunk
+    carrying an `error` is kept as the response's `error`.
     """
 
     def __init__(self, *, chat: bool) -> None:
@@ -243,6 +287,8 @@ class StreamAssembler:
         self.chunks = 0
         self.error: Any = None
         self._top: dict[str, Any] = {}
+        # Top-level keys that need no more attention once seen (a non-null value is kept).
+        self._settled: frozenset[str] = _CHUNK_KEYS
         self._choices: dict[Any, _Choice] = {}
         self._usage: Any = None
         self._prompt_ids: Any = None
@@ -250,28 +296,40 @@ class StreamAssembler:
     def add(self, chunk: dict[str, Any]) -> None:
         """Take one parsed chunk into account."""
         self.chunks += 1
+        choices = chunk.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict):
+                    self._choice(choice.get("index", 0)).add(choice)
+        usage = chunk.get("usage")
+        if usage is not None:
+            self._usage = usage
+        if not chunk.keys() <= self._settled:
+            self._add_top(chunk)
+
+    def _add_top(self, chunk: dict[str, Any]) -> None:
         if chunk.get("object") == "error":  # vLLM's flat error shape
             self.error = {k: v for k, v in chunk.items() if k != "object"}
             return
         top = self._top
+        settled = set(self._settled)
         for key, value in chunk.items():
-            if key == "choices":
-                if isinstance(value, list):
-                    for choice in value:
-                        if isinstance(choice, dict):
-                            self._choice(choice.get("index", 0)).add(choice)
-            elif key == "usage":
-                if value is not None:
-                    self._usage = value
-            elif key == "prompt_token_ids":
-                if value and self._prompt_ids is None:
+            if key in settled:
+                continue
+            if key == "prompt_token_ids":
+                if value:
                     self._prompt_ids = value
+                    settled.add(key)
             elif key == "error":
                 self.error = value
             elif key == "object":
-                continue
-            elif value is not None or key not in top:
+                settled.add(key)  # the assembled object is named after the call, not the chunks
+            elif value is not None:
                 top[key] = value
+                settled.add(key)
+            else:
+                top.setdefault(key, None)
+        self._settled = frozenset(settled)
 
     def _choice(self, index: Any) -> _Choice:
         choice = self._choices.get(index)
