@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,40 @@ def test_mean_reward_rises_when_training_on_the_policys_own_samples(
     first, last = np.mean(rewards[:3]), np.mean(rewards[-3:])
     assert last > first + 0.25, rewards
     assert time.monotonic() - started < 30
+
+
+def test_stale_recorded_logprobs_are_clipped_unless_the_trainer_recomputes_them(
+    tiny_model: Path, sample: Callable[..., Any], to_batch: Callable[..., TrainBatch], make_rollout: Any
+) -> None:
+    probe = TorchTrainer(config_for(tiny_model))
+    batch = sampled_batch(probe, sample, to_batch, make_rollout, seed=30)
+    # As if sampled by an older policy that gave every token e^-1 of today's probability.
+    stale = replace(batch, old_logprobs=np.where(batch.response_mask, batch.old_logprobs - 1.0, 0.0))
+    recorded = TorchTrainer(config_for(tiny_model)).accumulate_gradients(stale)
+    assert recorded["ratio_mean"] == pytest.approx(np.e, rel=1e-3)
+    assert recorded["logprob_diff_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert recorded["clip_fraction_high"] > 0 and recorded["clip_fraction_low"] == 0
+    recomputed = TorchTrainer(config_for(tiny_model, recompute_old_logprobs=True)).accumulate_gradients(stale)
+    assert recomputed["ratio_mean"] == pytest.approx(1.0) and recomputed["clip_fraction"] == 0.0
+    missing = replace(stale, logprobs_valid=np.zeros(len(stale), dtype=bool))
+    own = TorchTrainer(config_for(tiny_model)).accumulate_gradients(missing)
+    assert own["ratio_mean"] == pytest.approx(1.0) and own["recorded_logprob_tokens"] == 0.0
+
+
+def test_a_step_whose_gradient_is_not_finite_leaves_the_weights_unchanged_and_says_so(
+    tiny_model: Path, sample: Callable[..., Any], to_batch: Callable[..., TrainBatch], make_rollout: Any
+) -> None:
+    trainer = TorchTrainer(config_for(tiny_model, lr=1e-3))
+    batch = sampled_batch(trainer, sample, to_batch, make_rollout, seed=31)
+    huge = np.float32(3e38)  # finite, but weight * advantage overflows float32
+    overflowing = replace(
+        batch,
+        advantages=np.where(batch.response_mask, huge, 0.0).astype(np.float32),
+        loss_weights=np.where(batch.response_mask, huge, 0.0).astype(np.float32),
+    )
+    before = {n: t.clone() for n, t in trainer.state_dict().items()}
+    metrics = trainer.step(overflowing)
+    assert metrics["update_skipped"] == 1.0 and not np.isfinite(metrics["grad_norm"])
+    assert trainer.global_step == 0 and metrics["step"] == 0.0
+    assert all(torch.equal(t, before[n]) for n, t in trainer.state_dict().items())
+    assert trainer.step(batch)["update_skipped"] == 0.0 and trainer.global_step == 1

@@ -208,7 +208,9 @@ class TorchTrainer:
             {
                 "rows": float(len(batch)),
                 "rollouts": float(len(np.unique(batch.rollout_index[trained.any(axis=1)]))),
-                "advantage_token_mean": float(batch.advantages[trained].mean()) if trained.any() else 0.0,
+                "advantage_token_mean": float(batch.advantages[trained].mean(dtype=np.float64))
+                if trained.any()
+                else 0.0,
                 "time_forward_backward": time.perf_counter() - started,
             }
         )
