@@ -195,11 +195,15 @@ class RolloutCollector:
             headers=headers,
             timeout=self.config.request_timeout_s,
         )
-        info = await self._request("GET", "/api/info", ok=(200, 404))
-        features = info.json().get("features", []) if info.status_code == 200 else []
-        self._delta = DELTA_FEATURE in features
-        page = await self._request("GET", "/api/rollouts/terminal", params={"after": 0, "limit": 1})
-        self._cursor = int(page.json()["total_terminal"])
+        try:
+            info = await self._request("GET", "/api/info", ok=(200, 404))
+            features = info.json().get("features", []) if info.status_code == 200 else []
+            self._delta = DELTA_FEATURE in features
+            page = await self._request("GET", "/api/rollouts/terminal", params={"after": 0, "limit": 1})
+            self._cursor = int(page.json()["total_terminal"])
+        except BaseException:
+            await self.close()
+            raise
         log.info("collector ready", server=self.config.server_url, delta=self._delta, cursor=self._cursor)
 
     async def close(self) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from keraunos.testing.processes import Engine, Gateway, unique_id
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages
-from keraunos.training.collect import CollectedBatch, CollectorConfig, RolloutCollector
+from keraunos.training.collect import CollectedBatch, CollectorConfig, CollectorError, RolloutCollector
 from keraunos.training.trajectories import TrajectoryConfig, build_rows
 
 pytestmark = pytest.mark.timeout(60)
@@ -256,3 +256,12 @@ def test_collect_needs_an_open_collector(collect_gateway: Gateway) -> None:
     collector = RolloutCollector(config(collect_gateway))
     with pytest.raises(RuntimeError, match="not open"):
         asyncio.run(collector.collect(0, itertools.repeat({})))
+
+
+def test_a_wrong_key_is_a_clear_error_naming_the_request(collect_gateway: Gateway) -> None:
+    async def main() -> None:
+        async with RolloutCollector(config(collect_gateway, key="not-the-key")):
+            pass
+
+    with pytest.raises(CollectorError, match=r"GET /api/info: HTTP 401"):
+        asyncio.run(main())
