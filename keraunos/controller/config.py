@@ -76,6 +76,13 @@ class ControllerConfig(LayeredSettings):
         ge=0.0,
         description="Between SIGTERM and SIGKILL when an agent's process group is stopped.",
     )
+    warm_workers: int = Field(
+        default=0,
+        ge=0,
+        description="Long-lived Python processes that import each agent class once and fork one process "
+        "per attempt (own session, environment, working directory and log), instead of starting a "
+        "fresh interpreter; 0 starts every agent cold. Only Python agent classes use them.",
+    )
     agent_class: str = Field(
         default="",
         description="Python agent 'module:Class' for rollouts whose config.local names neither an "

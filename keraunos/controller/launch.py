@@ -46,6 +46,13 @@ class Launch:
     env: dict[str, str] = field(repr=False)
     timeout_s: float
 
+    @property
+    def agent_class(self) -> str | None:
+        """The Python agent class this launch runs, or None for any other command line."""
+        if len(self.argv) == 4 and self.argv[1:3] == ["-m", AGENT_MAIN]:
+            return self.argv[3]
+        return None
+
 
 def agent_argv(local: Mapping[str, Any] | None, defaults: Defaults) -> list[str]:
     """The command line of an agent: the rollout's command or class first, the controller's second."""

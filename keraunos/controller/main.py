@@ -24,6 +24,7 @@ from keraunos.controller.launch import Defaults, Launch, plan_launch
 from keraunos.controller.reconcile import LoopSettings, Reconciler
 from keraunos.controller.runners._state import StateDir, StateDirBusy
 from keraunos.controller.runners.local import LocalRunner
+from keraunos.controller.runners.warm import WarmPool, warm_environment
 from keraunos.controller.v1 import ListAndPatchSource
 from keraunos.controller.work import Assignment, WorkSource
 
@@ -114,7 +115,12 @@ async def _run(config: ControllerConfig) -> int:
             except (GatewayError, GatewayUnreachable) as exc:
                 raise StartupError(f"cannot reach the gateway at {config.gateway}: {exc}") from None
             source = build_source(config, client, features)
-            runner = LocalRunner(state, Path(config.log_dir), grace_s=config.grace_s)
+            base_env = dict(os.environ)
+            warm = None
+            if config.warm_workers > 0:
+                warm = WarmPool(config.warm_workers, env=warm_environment(base_env), cwd=Path.cwd())
+                await warm.start()
+            runner = LocalRunner(state, Path(config.log_dir), grace_s=config.grace_s, warm=warm)
             defaults = Defaults(
                 agent_class=config.agent_class,
                 command=config.command_argv,
@@ -153,7 +159,11 @@ async def _run(config: ControllerConfig) -> int:
                 pool_size=config.pool_size,
                 state_dir=config.state_dir,
             )
-            await reconciler.run(stop)
+            try:
+                await reconciler.run(stop)
+            finally:
+                if warm is not None:
+                    await warm.close()
             log.info("controller stopped")
             return 0
     finally:

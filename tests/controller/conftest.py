@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, clean_env, keraunos_command
+from keraunos.testing.processes import SERVED_MODEL, Gateway, clean_env, keraunos_command
 
 AGENTS_DIR = Path(__file__).resolve().parent / "agents"
 
@@ -137,12 +137,41 @@ def controller_factory(tmp_path: Path) -> Iterator[StartController]:
         controller.stop()
 
 
-@pytest.fixture
-def served_gateway(gateway_factory: Callable[..., Gateway], engine: Engine) -> Gateway:
-    """A fresh gateway (its own ledger) whose served model is the module's engine stand-in."""
-    gateway = gateway_factory(args=GATEWAY_ARGS)
+@pytest.fixture(scope="session")
+def shared_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway for every controller test, its served model answered by an engine stand-in.
+
+    Tests run one at a time and each ends every rollout it made (`served_gateway` makes sure),
+    so a controller only ever sees its own test's rollouts.
+    """
+    from keraunos.testing.processes import start_engine, start_gateway
+
+    base = tmp_path_factory.mktemp("controller-gateway")
+    engine = start_engine(base / "engine")
+    try:
+        gateway = start_gateway(base / "gateway", args=GATEWAY_ARGS)
+    except Exception:
+        engine.kill()
+        raise
     gateway.register([engine])
-    return gateway
+    yield gateway
+    gateway.stop()
+    engine.kill()
+
+
+def _end_leftovers(gateway: Gateway) -> None:
+    """Fail every rollout a test left queuing or running, so the next test's controllers never see it."""
+    with gateway.client() as api:
+        left = api.get("/api/rollouts", params={"state_in": ["queuing", "running"], "limit": 100000}).json()
+        for rollout in left:
+            api.patch(f"/api/rollouts/{rollout['rollout_id']}", json={"status": {"state": "failed"}})
+
+
+@pytest.fixture
+def served_gateway(shared_gateway: Gateway) -> Iterator[Gateway]:
+    """The shared gateway, for one test; what the test leaves unfinished is failed afterwards."""
+    yield shared_gateway
+    _end_leftovers(shared_gateway)
 
 
 @dataclass
@@ -154,21 +183,14 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, engine: Engine) -> Iterator[Stack]:
-    """One gateway + controller (pool of 8) shared by a module's tests; each test makes its own rollouts."""
-    from keraunos.testing.processes import start_gateway
-
-    base = tmp_path_factory.mktemp("stack")
-    gateway = start_gateway(base / "gateway", args=GATEWAY_ARGS)
-    gateway.register([engine])
-    try:
-        controller = start_controller(gateway, base, "--pool-size", "8")
-    except Exception:
-        gateway.stop()
-        raise
-    yield Stack(gateway, controller)
+def stack(tmp_path_factory: pytest.TempPathFactory, shared_gateway: Gateway) -> Iterator[Stack]:
+    """A controller (pool of 8, two warm workers) on the shared gateway, for a module's tests."""
+    controller = start_controller(
+        shared_gateway, tmp_path_factory.mktemp("stack"), "--pool-size", "8", "--warm-workers", "2"
+    )
+    yield Stack(shared_gateway, controller)
     controller.stop()
-    gateway.stop()
+    _end_leftovers(shared_gateway)
 
 
 def create_rollouts(gateway: Gateway, items: Sequence[dict[str, Any]]) -> list[str]:

@@ -18,9 +18,9 @@ from keraunos.testing.processes import unique_id
 pytestmark = pytest.mark.timeout(90)
 
 
-def agent(name: str, **config: Any) -> dict[str, Any]:
+def agent(spec: str, **config: Any) -> dict[str, Any]:
     env_map = config.pop("env_map", {})
-    return {"local": {"agent_class": f"controller_agents:{name}", "env_map": env_map}, **config}
+    return {"local": {"agent_class": spec, "env_map": env_map}, **config}
 
 
 #: A shell agent that ignores SIGTERM, leaves a child in its group, and notes its pgid in $NOTES.
@@ -42,7 +42,7 @@ def notes(path: Path) -> list[dict[str, Any]]:
 def test_twenty_rollouts_succeed_with_calls_and_rewards_under_their_attempt_ids(stack: Stack) -> None:
     gateway = stack.gateway
     items = [
-        {"input": {"q": f"q{i}"}, "config": agent("ChatAgent", env_map={"QUESTION": "input.q"})}
+        {"input": {"q": f"q{i}"}, "config": agent("chat_agents:ChatAgent", env_map={"QUESTION": "input.q"})}
         for i in range(20)
     ]
     ids = create_rollouts(gateway, items)
@@ -70,7 +70,7 @@ def test_a_failing_agent_is_retried_up_to_max_attempts_then_the_rollout_fails_wi
     stack: Stack,
 ) -> None:
     (rollout_id,) = create_rollouts(
-        stack.gateway, [{"input": {}, "config": agent("FailingAgent", max_attempts=3)}]
+        stack.gateway, [{"input": {}, "config": agent("controller_agents:FailingAgent", max_attempts=3)}]
     )
     detail = wait_terminal(stack.gateway, [rollout_id], timeout=40)[rollout_id]
     status = detail["rollout"]["status"]
@@ -108,7 +108,7 @@ def test_a_hanging_agent_is_killed_at_its_timeout_with_no_process_left_in_its_gr
 
 
 def test_a_missing_env_map_path_fails_the_attempt_with_a_message_naming_it(stack: Stack) -> None:
-    config = agent("ChatAgent", env_map={"QUESTION": "input.question.text"})
+    config = agent("chat_agents:ChatAgent", env_map={"QUESTION": "input.question.text"})
     (rollout_id,) = create_rollouts(stack.gateway, [{"input": {"question": {}}, "config": config}])
     detail = wait_terminal(stack.gateway, [rollout_id], timeout=30)[rollout_id]
     (attempt,) = detail["attempt_details"]
@@ -139,7 +139,9 @@ def test_an_agents_key_is_its_attempt_token_and_is_rejected_on_another_rollouts_
     first, second = unique_id("probe"), unique_id("probe")
 
     def probing(other: str) -> dict[str, Any]:
-        return agent("ScopeProbingAgent", env_map={"NOTES": str(notes_file), "OTHER_ROLLOUT": other})
+        return agent(
+            "controller_agents:ScopeProbingAgent", env_map={"NOTES": str(notes_file), "OTHER_ROLLOUT": other}
+        )
 
     create_rollouts(
         stack.gateway,

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from conftest import AglServer, StartController, create_rollouts, wait_for, wait_terminal
 
-from keraunos.testing.processes import Engine, Gateway
+from keraunos.testing.processes import Gateway
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def agent(name: str, **env_map: str) -> dict[str, Any]:
-    return {"local": {"agent_class": f"controller_agents:{name}", "env_map": env_map}}
+def agent(spec: str, **env_map: str) -> dict[str, Any]:
+    return {"local": {"agent_class": spec, "env_map": env_map}}
 
 
 def test_against_a_keraunos_gateway_in_v1_mode_rollouts_run_once_as_attempt_0(
@@ -24,8 +24,8 @@ def test_against_a_keraunos_gateway_in_v1_mode_rollouts_run_once_as_attempt_0(
     ok, fails = create_rollouts(
         gateway,
         [
-            {"input": {"q": "one"}, "config": agent("ChatAgent", QUESTION="input.q")},
-            {"input": {}, "config": {**agent("FailingAgent"), "max_attempts": 3}},
+            {"input": {"q": "one"}, "config": agent("chat_agents:ChatAgent", QUESTION="input.q")},
+            {"input": {}, "config": {**agent("controller_agents:FailingAgent"), "max_attempts": 3}},
         ],
     )
     controller = controller_factory(gateway, "--protocol", "v1")
@@ -46,18 +46,20 @@ def test_against_a_keraunos_gateway_in_v1_mode_rollouts_run_once_as_attempt_0(
 
 
 def test_the_controller_drives_an_agent_lightning_1_0_2_server(
-    agl_server: AglServer, engine: Engine, controller_factory: StartController
+    agl_server: AglServer, shared_gateway: Gateway, controller_factory: StartController
 ) -> None:
+    with shared_gateway.client() as api:  # the engine stand-in behind the keraunos gateway
+        (model,) = api.get("/api/models").json()
     with agl_server.client() as api:
-        models = [{"model": "test/served-model", "endpoint": engine.endpoint}]
+        models = [{"model": "test/served-model", "endpoint": model["endpoint"]}]
         assert api.post("/api/models", json=models).status_code == 201
         created = api.post(
             "/api/rollouts",
             json=[
-                {"input": {"q": "sync"}, "config": agent("ChatAgent", QUESTION="input.q")},
-                {"input": {}, "config": agent("AsyncChatAgent")},
-                {"input": {}, "config": agent("FailingAgent")},
-                {"input": {}, "config": agent("ChatAgent", QUESTION="input.no.such.path")},
+                {"input": {"q": "sync"}, "config": agent("chat_agents:ChatAgent", QUESTION="input.q")},
+                {"input": {}, "config": agent("chat_agents:AsyncChatAgent")},
+                {"input": {}, "config": agent("controller_agents:FailingAgent")},
+                {"input": {}, "config": agent("chat_agents:ChatAgent", QUESTION="input.no.such.path")},
             ],
         )
         assert created.status_code == 201, created.text

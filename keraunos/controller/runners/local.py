@@ -18,12 +18,14 @@ import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
 from keraunos.controller.launch import Launch, LaunchError
 from keraunos.controller.runners import _procfs
 from keraunos.controller.runners._state import AgentRecord, StateDir
+from keraunos.controller.runners.warm import WarmPool, WarmStartError, WarmUnavailable
 
 log = structlog.get_logger("keraunos.controller")
 
@@ -46,13 +48,25 @@ class AgentExit:
     stopped: str | None = None
 
 
+class AgentProcess(Protocol):
+    """What the runner needs of an agent's leader process (a subprocess, or a warm worker's fork)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
 class LocalAgent:
     """One running agent: its process group, its log, and a way to ask it to stop."""
 
     def __init__(
         self,
         launch: Launch,
-        process: asyncio.subprocess.Process,
+        process: AgentProcess,
         record: AgentRecord,
         runner: LocalRunner,
     ) -> None:
@@ -104,13 +118,17 @@ class LocalAgent:
 class LocalRunner:
     """Starts agents as process groups, keeps their records and logs, and stops them.
 
-    `grace_s` is the time between SIGTERM and SIGKILL when a group is stopped.
+    `grace_s` is the time between SIGTERM and SIGKILL when a group is stopped. With `warm`, Python
+    agent classes are forked by warm workers instead of started cold.
     """
 
-    def __init__(self, state: StateDir, log_dir: Path, *, grace_s: float) -> None:
+    def __init__(
+        self, state: StateDir, log_dir: Path, *, grace_s: float, warm: WarmPool | None = None
+    ) -> None:
         self.state = state
         self.log_dir = log_dir
         self.grace_s = grace_s
+        self.warm = warm
 
     def log_path(self, rollout_id: str, attempt_id: str) -> Path:
         """The log file of one attempt (ids are safe as file names)."""
@@ -128,20 +146,7 @@ class LocalRunner:
         )
         # Recorded before the process exists, so a crash in between still leaves the attempt to report.
         self.state.write(record)
-        with log_path.open("ab") as log_file:
-            try:
-                process = await asyncio.create_subprocess_exec(
-                    *launch.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env=launch.env,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                message = f"cannot start agent command {launch.argv[0]!r}: {exc.strerror or exc}"
-                log_file.write(f"keraunos controller: {message}\n".encode())
-                raise LaunchError(message) from exc
+        process = await self._spawn(launch, log_path)
         record = replace(record, pgid=process.pid, start_time=_procfs.start_time(process.pid))
         self.state.write(record)
         log.info(
@@ -153,9 +158,33 @@ class LocalRunner:
         )
         return LocalAgent(launch, process, record, self)
 
-    async def stop_group(
-        self, record: AgentRecord, *, leader: asyncio.subprocess.Process | None = None
-    ) -> None:
+    async def _spawn(self, launch: Launch, log_path: Path) -> AgentProcess:
+        """The agent's leader process, forked warm when possible, else started cold."""
+        agent_class = launch.agent_class
+        if self.warm is not None and agent_class is not None:
+            try:
+                return await self.warm.fork(launch, agent_class, log_path)
+            except WarmStartError as exc:
+                _append(log_path, f"keraunos controller: {exc}\n")
+                raise LaunchError(str(exc)) from exc
+            except WarmUnavailable as exc:
+                log.warning("starting agent cold", rollout_id=launch.rollout_id, reason=str(exc))
+        with log_path.open("ab") as log_file:
+            try:
+                return await asyncio.create_subprocess_exec(
+                    *launch.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=launch.env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                message = f"cannot start agent command {launch.argv[0]!r}: {exc.strerror or exc}"
+                log_file.write(f"keraunos controller: {message}\n".encode())
+                raise LaunchError(message) from exc
+
+    async def stop_group(self, record: AgentRecord, *, leader: AgentProcess | None = None) -> None:
         """SIGTERM the group of `record`, wait up to the grace period, SIGKILL what is left.
 
         Returns at once when the group is already empty. Members are the group's processes started
@@ -208,9 +237,7 @@ class LocalRunner:
         leader_start = _procfs.start_time(record.pgid)
         return leader_start is None or leader_start == record.start_time
 
-    async def _group_empty(
-        self, record: AgentRecord, leader: asyncio.subprocess.Process | None, within_s: float
-    ) -> bool:
+    async def _group_empty(self, record: AgentRecord, leader: AgentProcess | None, within_s: float) -> bool:
         assert record.pgid is not None
         deadline = time.monotonic() + within_s
         while True:
@@ -227,8 +254,13 @@ class LocalRunner:
                 await asyncio.sleep(_GROUP_POLL_S)
 
 
-def _leader_gone(leader: asyncio.subprocess.Process | None) -> bool:
+def _leader_gone(leader: AgentProcess | None) -> bool:
     return leader is None or leader.returncode is not None
+
+
+def _append(path: Path, text: str) -> None:
+    with path.open("a", encoding="utf-8") as file:
+        file.write(text)
 
 
 def read_log_tail(path: Path, max_bytes: int) -> bytes:

@@ -9,13 +9,17 @@ check it from outside.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+#: Which process imported this module: a warm worker imports it once and forks the agents.
+IMPORTED_BY = os.getpid()
+#: Module state a run changes; another run of the same warm worker must not see the change.
+RUNS_SEEN: list[str] = []
 
 
 def _headers() -> dict[str, str]:
@@ -30,43 +34,12 @@ def _note(**fields: object) -> None:
             file.write(json.dumps(fields) + "\n")
 
 
-def _reward(value: float) -> None:
+def reward(value: float) -> None:
+    """Post a reward event to AGL_EVENT_URL with AGL_KEY."""
     import httpx
 
     body = {"event_type": "reward", "data": {"value": value}}
     httpx.post(os.environ["AGL_EVENT_URL"], json=body, headers=_headers(), timeout=30).raise_for_status()
-
-
-class ChatAgent:
-    """One chat call with the official `openai` client, a line on stdout, then a reward of 1.0."""
-
-    def run(self) -> None:
-        from openai import OpenAI
-
-        client = OpenAI(
-            base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=0
-        )
-        question = os.environ.get("QUESTION", "?")
-        reply = client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": f"question {question}"}], max_tokens=4
-        )
-        print(f"agent saw {len(reply.choices)} choice(s) for question {question}", flush=True)
-        _reward(1.0)
-
-
-class AsyncChatAgent:
-    """ChatAgent with an async `run()` and the async client."""
-
-    async def run(self) -> None:
-        from openai import AsyncOpenAI
-
-        client = AsyncOpenAI(
-            base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=0
-        )
-        await client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": "async question"}], max_tokens=4
-        )
-        await asyncio.to_thread(_reward, 0.5)
 
 
 class FailingAgent:
@@ -130,3 +103,23 @@ class FencedAgent:
                     _note(status=response.status_code, detail=response.json().get("detail"))
                     return
                 time.sleep(0.1)
+
+
+class WarmProbeAgent:
+    """Notes who imported its module, what it sees of its environment and of earlier runs, its cwd."""
+
+    def run(self) -> None:
+        RUNS_SEEN.append(os.environ.get("RUN", "?"))
+        print(f"probe run {os.environ.get('RUN')}", flush=True)
+        _note(
+            pid=os.getpid(),
+            pgid=os.getpgid(0),
+            imported_by=IMPORTED_BY,
+            run=os.environ.get("RUN"),
+            only_first=os.environ.get("ONLY_FIRST"),
+            runs_seen=RUNS_SEEN,
+            cwd=os.getcwd(),
+        )
+        os.chdir("/")  # must not move the next run
+        if os.environ.get("FAIL"):
+            raise SystemExit(int(os.environ["FAIL"]))
