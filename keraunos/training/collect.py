@@ -11,9 +11,9 @@ triplet form otherwise (a v1.0 server answers `/api/info` with 404).
 
 - `mode="sync"`: each `collect` takes `batch_size` rows and waits until all their groups are
   complete (every sibling terminal) or timed out.
-- `mode="async"`: each `collect` keeps `async_batch_size` groups in flight, pulling rows from the
-  iterable it is given, and returns as soon as `batch_size` groups are complete; the rest carry
-  over to the next call. With `max_staleness`, a group whose oldest recorded model version lags
+- `mode="async"`: each `collect` keeps `async_batch_size` groups in flight (complete ones not yet
+  returned included), pulling rows from the iterable it is given, and returns as soon as
+  `batch_size` groups are complete; the rest carry over to the next call. With `max_staleness`, a group whose oldest recorded model version lags
   the current one by more than that is dropped when it would be returned.
 
 `pause_and_drain` / `resume` bracket a weight update: new proxied calls are refused (429) while the
@@ -274,7 +274,8 @@ class RolloutCollector:
             returned += self._take(target - len(returned), model_version, counts)
             if len(returned) >= target:
                 return returned
-            room = in_flight - len(self._in_flight)
+            # Complete groups waiting for a later call still hold their place in the pipeline.
+            room = in_flight - len(self._in_flight) - len(self._ready)
             if room > 0 and not exhausted:
                 rows = list(itertools.islice(source, room))
                 exhausted = len(rows) < room
