@@ -80,7 +80,9 @@ def ending_of(exit: AgentExit, timeout_s: float, log_tail: bytes) -> Ending:
         return Ending("lost", exit.exit_code, exit.stopped)
     if exit.exit_code == 0:
         return Ending("succeeded", 0, None)
-    if exit.exit_code is not None and exit.exit_code < 0:
+    if exit.exit_code is None:
+        how = "ended with an unknown exit status (its warm worker died)"
+    elif exit.exit_code < 0:
         how = f"killed by {_signal_name(-exit.exit_code)}"
     else:
         how = f"exited with code {exit.exit_code}"

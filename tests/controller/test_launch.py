@@ -174,6 +174,9 @@ def test_endings_follow_exit_status_timeout_and_stop_requests() -> None:
     )
     killed = ending_of(AgentExit(-signal.SIGSEGV), 10, b"")
     assert killed.reason == "killed by SIGSEGV"
+    orphaned = ending_of(AgentExit(None), 10, b"")
+    assert (orphaned.outcome, orphaned.exit_code) == ("failed", None)
+    assert "unknown exit status" in (orphaned.reason or "")
     timed_out = ending_of(AgentExit(-signal.SIGKILL, timed_out=True), 2.5, b"")
     assert timed_out.outcome == "timed_out" and "2.5s" in (timed_out.reason or "")
     stopped = ending_of(AgentExit(-signal.SIGTERM, stopped="shutdown"), 10, b"")

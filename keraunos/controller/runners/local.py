@@ -25,7 +25,7 @@ import structlog
 from keraunos.controller.launch import Launch, LaunchError
 from keraunos.controller.runners import _procfs
 from keraunos.controller.runners._state import AgentRecord, StateDir
-from keraunos.controller.runners.warm import WarmPool, WarmStartError, WarmUnavailable
+from keraunos.controller.runners.warm import ForkedProcess, WarmPool, WarmStartError, WarmUnavailable
 
 log = structlog.get_logger("keraunos.controller")
 
@@ -39,7 +39,8 @@ _KILL_WAIT_S = 5.0
 class AgentExit:
     """How an agent's process ended.
 
-    `exit_code` is the leader's status (negative: killed by that signal); `timed_out` says the
+    `exit_code` is the leader's status (negative: killed by that signal; None: unknown, its warm
+    worker died); `timed_out` says the
     runner stopped it at its timeout, `stopped` says why the runner stopped it otherwise.
     """
 
@@ -57,7 +58,7 @@ class AgentProcess(Protocol):
     @property
     def returncode(self) -> int | None: ...
 
-    async def wait(self) -> int: ...
+    async def wait(self) -> int | None: ...
 
 
 class LocalAgent:
@@ -247,7 +248,7 @@ class LocalRunner:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            if leader is not None and leader.returncode is None:
+            if leader is not None and not _leader_gone(leader):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(leader.wait()), _GROUP_POLL_S)
             else:
@@ -255,6 +256,8 @@ class LocalRunner:
 
 
 def _leader_gone(leader: AgentProcess | None) -> bool:
+    if isinstance(leader, ForkedProcess):  # may have ended with an unknown status
+        return leader.ended
     return leader is None or leader.returncode is not None
 
 

@@ -32,8 +32,6 @@ from keraunos.controller.runners import _procfs
 log = structlog.get_logger("keraunos.controller")
 
 WARM_MAIN = "keraunos.controller._warm_main"
-#: Exit status reported for an agent whose worker died before saying how it ended.
-UNKNOWN_EXIT = -1
 #: How often the process of an agent whose worker died is checked.
 _ORPHAN_POLL_S = 0.1
 
@@ -55,15 +53,20 @@ class ForkedProcess:
         self.returncode: int | None = None
         self._exited = asyncio.Event()
 
-    async def wait(self) -> int:
-        """Wait until the worker reports the exit; the status (negative: killed by that signal)."""
+    @property
+    def ended(self) -> bool:
+        """Whether the process is known to have ended (its status may still be unknown)."""
+        return self._exited.is_set()
+
+    async def wait(self) -> int | None:
+        """Wait until the process has ended; its status (negative: killed by that signal), or None
+        when its worker died before saying."""
         await self._exited.wait()
-        assert self.returncode is not None
         return self.returncode
 
-    def exited(self, status: int) -> None:
-        """Record how the process ended (first report wins)."""
-        if self.returncode is None:
+    def exited(self, status: int | None) -> None:
+        """Record that the process ended, and how if known (the first report wins)."""
+        if not self._exited.is_set():
             self.returncode = status
             self._exited.set()
 
@@ -137,7 +140,7 @@ async def _await_gone(forked: ForkedProcess) -> None:
     while True:
         stat = _procfs.read_stat(forked.pid)
         if stat is None or stat.state in ("Z", "X"):
-            forked.exited(UNKNOWN_EXIT)
+            forked.exited(None)
             return
         await asyncio.sleep(_ORPHAN_POLL_S)
 
