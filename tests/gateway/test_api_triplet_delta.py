@@ -163,7 +163,7 @@ def triplet_events(draw: st.DrawFn) -> list[dict[str, Any]]:
     return events
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(events=triplet_events())
 def test_delta_encoding_refers_to_the_nearest_earlier_call_with_the_longest_shared_prefix(
     events: list[dict[str, Any]],

@@ -100,7 +100,7 @@ def recorded_calls(draw: st.DrawFn) -> list[dict[str, Any]]:
     return events
 
 
-@settings(derandomize=True, max_examples=150, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(events=recorded_calls())
 def test_reading_the_delta_form_gives_exactly_the_triplets_of_the_full_form(
     events: list[dict[str, Any]],
