@@ -97,3 +97,19 @@ def test_micro_batches_are_consecutive_slices_that_keep_the_global_weights() -> 
     assert [len(p) for p in parts] == [2, 2, 1]
     assert sum(float(p.loss_weights.sum()) for p in parts) == pytest.approx(1.0)
     assert np.concatenate([p.rollout_index for p in parts]).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_rows_ordered_by_span_put_similar_lengths_together() -> None:
+    rows = rows_of(
+        rollout("long", [1, 2, 3, 4, 5], [6, 7, 8]),
+        rollout("short", [1], [2]),
+        rollout("middle", [1, 2], [3, 4]),
+    )
+    batch = TrainBatch.from_rows(rows, np.array([1.0, 2.0, 3.0]))
+    ordered = batch.by_span()
+    assert ordered.rollout_index.tolist() == [1, 2, 0]
+    assert ordered.advantages[:, 0].tolist() == [2.0, 3.0, 1.0]
+    assert (
+        ordered.micro_batches(2)[0].trimmed().input_ids.shape[1]
+        < batch.micro_batches(2)[0].trimmed().input_ids.shape[1]
+    )

@@ -2,7 +2,8 @@
 
 One `step(batch)` is one optimizer update over a whole `TrainBatch`:
 
-1. the batch is cut into micro-batches of `micro_batch_size` rows, each trimmed of shared padding;
+1. the batch is cut into micro-batches of `micro_batch_size` rows of similar length, each trimmed
+   of the padding its rows share;
 2. per micro-batch: the policy's log probs at the rows' temperatures (and the frozen reference's,
    when `kl_coef > 0`), the loss of `loss.policy_loss`, `backward()`. The loss weights are global
    to the batch, so the accumulated gradient is the whole batch's gradient;
@@ -197,7 +198,7 @@ class TorchTrainer:
         sums = LossSums()
         diff = _Diff()
         started = time.perf_counter()
-        for micro in batch.micro_batches(self.config.micro_batch_size):
+        for micro in batch.by_span().micro_batches(self.config.micro_batch_size):
             loss, micro_sums = self._micro_loss(micro.trimmed(), diff)
             loss.backward()
             sums = sums + micro_sums
@@ -223,6 +224,7 @@ class TorchTrainer:
         out = np.zeros(batch.response_mask.shape, dtype=np.float32)
         start = 0
         for micro in batch.micro_batches(self.config.micro_batch_size):
+            micro = micro.trimmed()
             tensors = self._tensors(micro)
             logprobs, _ = response_logprobs(
                 self.model,
@@ -232,8 +234,8 @@ class TorchTrainer:
                 micro.prompt_len,
                 tensors["temperatures"],
             )
-            values = logprobs.cpu().numpy()
-            out[start : start + len(micro)] = np.where(micro.response_mask, values, 0.0)
+            values = np.where(micro.response_mask, logprobs.cpu().numpy(), 0.0)
+            out[start : start + len(micro), : values.shape[1]] = values
             start += len(micro)
         return out
 
