@@ -360,6 +360,8 @@ class RunningServer:
 
 def serve(config: ServeConfig) -> int:
     """`keraunos serve`: load the model and serve it until SIGTERM/SIGINT; the exit code."""
+    import signal
+
     import typer
     import uvicorn
 
@@ -397,5 +399,9 @@ def serve(config: ServeConfig) -> int:
         host=config.host,
         port=config.port,
     )
+    # uvicorn re-raises the signal that stopped it once it has restored the previous handlers; with
+    # its own handler as the previous one, that re-raise is harmless and the exit status stays 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, userver.handle_exit)
     userver.run()
     return 0 if userver.started else 1

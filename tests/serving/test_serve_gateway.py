@@ -74,6 +74,8 @@ def test_calls_through_the_gateway_are_recorded_with_the_servers_token_ids_and_l
     # Token-in, token-out through the gateway: the second prompt continues the first call exactly.
     prefix = calls[0]["prompt_token_ids"] + calls[0]["response_token_ids"]
     assert calls[1]["prompt_token_ids"][: len(prefix)] == prefix
+    served.stop()
+    assert served.process.returncode == 0  # SIGTERM is a clean shutdown
 
 
 def test_serve_without_a_model_says_so_in_one_line(cli: Any, tmp_path: Path) -> None:
