@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from keraunos.training._data import CompletedRollout
+from keraunos.training._data import CompletedRollout, Triplet
 from keraunos.training.backends.torch.batch import TrainBatch
 from keraunos.training.backends.torch.checkpoint import (
     CheckpointError,
@@ -20,8 +20,9 @@ from keraunos.training.backends.torch.checkpoint import (
     read_checkpoint,
     step_dir,
 )
-from keraunos.training.backends.torch.policy import load_policy
+from keraunos.training.backends.torch.policy import load_policy, response_logprobs
 from keraunos.training.backends.torch.trainer import TorchTrainer, TorchTrainerConfig
+from keraunos.training.trajectories import TrajectoryConfig, build_rows
 
 TIMINGS = ("time_forward_backward", "time_optimizer", "time_step")
 
@@ -257,3 +258,34 @@ def test_a_step_whose_gradient_is_not_finite_leaves_the_weights_unchanged_and_sa
     assert trainer.global_step == 0 and metrics["step"] == 0.0
     assert all(torch.equal(t, before[n]) for n, t in trainer.state_dict().items())
     assert trainer.step(batch)["update_skipped"] == 0.0 and trainer.global_step == 1
+
+
+def test_advantage_one_without_recorded_logprobs_is_supervised_fine_tuning(tiny_model: Path) -> None:
+    # Target answers without sampler log probs, advantage 1: the gradient is that of the
+    # per-rollout mean token negative log-likelihood (the surrogate loss itself reads -1).
+    answers = [([5, 6, 7], [40, 41, 42, 43]), ([8, 9], [44, 45])]
+    rollouts = [
+        CompletedRollout(f"r{i}", f"g{i}", [Triplet(np.array(p), np.array(a))], reward=1.0)
+        for i, (p, a) in enumerate(answers)
+    ]
+    built = build_rows(rollouts, TrajectoryConfig(max_prompt_len=8, max_response_len=8)).rows
+    batch = TrainBatch.from_rows(built, np.ones(len(rollouts)))
+    trainer = TorchTrainer(config_for(tiny_model, lr=1e-2, max_grad_norm=0))
+    assert trainer.accumulate_gradients(batch)["loss"] == pytest.approx(-1.0)
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    trainer.optimizer.zero_grad(set_to_none=True)
+    tensors = [torch.from_numpy(a) for a in (batch.input_ids, batch.attention_mask, batch.position_ids)]
+    logprobs, _ = response_logprobs(trainer.model, *tensors, batch.prompt_len, torch.ones(len(batch)))
+    mask = torch.from_numpy(batch.response_mask)
+    nll = -(torch.from_numpy(batch.loss_weights) * torch.where(mask, logprobs, 0.0)).sum()
+    nll.backward()
+    for name, param in trainer.model.named_parameters():
+        assert param.grad is not None
+        torch.testing.assert_close(grads[name], param.grad, atol=1e-7, rtol=1e-5, msg=name)
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+    before = trainer.logprobs(batch)
+    for _ in range(3):
+        trainer.step(batch)
+    after = trainer.logprobs(batch)
+    assert (after[batch.response_mask] > before[batch.response_mask]).all()
