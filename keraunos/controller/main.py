@@ -112,8 +112,11 @@ async def _run(config: ControllerConfig) -> int:
         async with GatewayClient(config.gateway, config.key, timeout_s=config.request_timeout_s) as client:
             try:
                 features = await client.features()
-            except (GatewayError, GatewayUnreachable) as exc:
+            except GatewayUnreachable as exc:
                 raise StartupError(f"cannot reach the gateway at {config.gateway}: {exc}") from None
+            except GatewayError as exc:
+                hint = " (check --key)" if exc.status == 401 else ""
+                raise StartupError(f"the gateway at {config.gateway} refused {exc}{hint}") from None
             source = build_source(config, client, features)
             base_env = dict(os.environ)
             warm = None
