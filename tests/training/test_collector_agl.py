@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 
-from keraunos.testing.processes import unique_id
+from keraunos.testing.processes import Engine, unique_id
 from keraunos.training.collect import CollectorConfig, RolloutCollector
 
 pytestmark = pytest.mark.timeout(90)
@@ -56,3 +57,47 @@ def test_sync_collect_against_agent_lightning_1_0_reads_full_triplets_and_drops_
         assert second.prompt_ids.tolist()[: len(continued)] == continued
         assert first.logprobs is not None and len(first.logprobs) == len(first.response_ids)
     assert [r.reward for r in batch.groups[0].rollouts] == [0.0, 1.0, 0.0]
+
+
+def test_async_collect_and_pause_drain_against_agent_lightning_1_0(
+    agl_server: Any, agents: Any, engine: Engine
+) -> None:
+    cfg = CollectorConfig(
+        server_url=agl_server.base_url,
+        key=agl_server.key,
+        run_id=unique_id("agl"),
+        n=2,
+        mode="async",
+        batch_size=1,
+        async_batch_size=2,
+        poll_interval_s=0.05,
+        drain_poll_interval_s=0.02,
+    )
+    url = f"{agl_server.base_url}/proxy/rollout/{cfg.run_id}.s0.i0.0/attempt/0/mode/train/openai/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {agl_server.key}"}
+
+    async def main() -> tuple[list[Any], Any]:
+        def script(rid: str) -> Any:
+            return agents.plan(turns=1)
+
+        async with (
+            agents.run(agl_server.base_url, agl_server.key, cfg.run_id, script),
+            RolloutCollector(cfg) as collector,
+        ):
+            source = iter([{"q": i} for i in range(3)])
+            batches = [await collector.collect(step, source) for step in range(2)]
+            engine.reset()
+            engine.faults(delay_ms=800, count=1)
+            async with httpx.AsyncClient(headers=headers, timeout=30) as client:
+                body = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 2}
+                call = asyncio.create_task(client.post(url, json=body))
+                await asyncio.sleep(0.3)
+                report = await collector.pause_and_drain(timeout_s=10)
+                await collector.resume()
+                await call
+            return batches, report
+
+    batches, report = asyncio.run(main())
+    assert [len(b.groups) for b in batches] == [1, 1]
+    assert all(len(g.rollouts) == 2 for b in batches for g in b.groups)
+    assert report.inflight_at_pause == 1 and report.drained
