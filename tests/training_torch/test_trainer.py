@@ -20,7 +20,7 @@ from keraunos.training.backends.torch.checkpoint import (
     read_checkpoint,
     step_dir,
 )
-from keraunos.training.backends.torch.policy import load_policy, response_logprobs
+from keraunos.training.backends.torch.policy import PolicyLoadError, load_policy, response_logprobs
 from keraunos.training.backends.torch.trainer import TorchTrainer, TorchTrainerConfig
 from keraunos.training.trajectories import TrajectoryConfig, build_rows
 
@@ -289,3 +289,9 @@ def test_advantage_one_without_recorded_logprobs_is_supervised_fine_tuning(tiny_
         trainer.step(batch)
     after = trainer.logprobs(batch)
     assert (after[batch.response_mask] > before[batch.response_mask]).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when CUDA is missing")
+def test_asking_for_cuda_without_a_gpu_says_so(tiny_model: Path) -> None:
+    with pytest.raises(PolicyLoadError, match="no CUDA device"):
+        TorchTrainer(config_for(tiny_model).model_copy(update={"device": "cuda"}))

@@ -40,7 +40,7 @@ from keraunos.training.backends.torch.checkpoint import (
     save_checkpoint,
 )
 from keraunos.training.backends.torch.loss import LossSums, policy_loss
-from keraunos.training.backends.torch.policy import load_policy, response_logprobs
+from keraunos.training.backends.torch.policy import PolicyLoadError, load_policy, response_logprobs
 
 log = structlog.get_logger("keraunos.training.torch")
 
@@ -340,4 +340,6 @@ class _Diff:
 def _pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PolicyLoadError(f"device {device!r} asked for, but torch sees no CUDA device: use cpu or auto")
     return device
