@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from keraunos.gateway.api._common import LeanRoute, _raw_body, dump_json, id_checked
+from keraunos.gateway.proxy.disconnect import DisconnectWatch
 from keraunos.gateway.proxy.record import (
     CLIENT_DISCONNECTED,
     MODEL_REQUEST,
@@ -218,7 +219,7 @@ async def _forward(
         return gateway_error(400, f"Request body cannot be forwarded as JSON: {exc}")
     call = _Call(state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started)
     progress = Progress()
-    watch = DisconnectWatch(request.receive, config.proxy_disconnect_watch_after_s)
+    watch = DisconnectWatch(request.receive, state.watches)
     call.upstream_at = time.perf_counter()
     try:
         with watch:
@@ -305,57 +306,6 @@ def _uncancel() -> None:
         task.uncancel()
 
 
-class DisconnectWatch:
-    """While active (`with`), cancel the current task as soon as the agent disconnects.
-
-    A task of its own waits on ASGI `receive()`, which, once the request body has been read,
-    returns only `http.disconnect`: no polling. It starts only once the call has run `after_s`
-    seconds (a timer is all a quick call pays); a disconnect before that is seen when it starts.
-    After a cancellation, `disconnected` tells it apart from any other (a server shutting down).
-    """
-
-    __slots__ = ("_after_s", "_receive", "_task", "_timer", "disconnected")
-
-    def __init__(self, receive: Receive, after_s: float) -> None:
-        self._receive = receive
-        self._after_s = after_s
-        self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None
-        self.disconnected = False
-
-    def __enter__(self) -> DisconnectWatch:
-        target = asyncio.current_task()
-        assert target is not None, "DisconnectWatch runs inside a task"
-        loop = asyncio.get_running_loop()
-        if self._after_s > 0:
-            self._timer = loop.call_later(self._after_s, self._start, target)
-        else:
-            self._start(target)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-
-    def _start(self, target: asyncio.Task[Any]) -> None:
-        self._timer = None
-        self._task = asyncio.get_running_loop().create_task(self._watch(target))
-
-    async def _watch(self, target: asyncio.Task[Any]) -> None:
-        try:
-            while (await self._receive())["type"] != "http.disconnect":
-                pass
-        except Exception as exc:  # a receive that fails says nothing about the agent; stop watching
-            log.debug("disconnect watch stopped", error=str(exc))
-            return
-        self.disconnected = True
-        target.cancel()
-
-
 class StreamedCall(Response):
     """The answer to a streamed call: upstream events relayed as they come, recorded, then ended.
 
@@ -396,7 +346,7 @@ class StreamedCall(Response):
         assembler = StreamAssembler(chat=call.path == "chat/completions")
         splitter = SseSplitter()
         content = opened.response.content
-        watch = DisconnectWatch(receive, call.state.config.proxy_disconnect_watch_after_s)
+        watch = DisconnectWatch(receive, call.state.watches)
         status = "ok"
         problem: str | None = None
         at_eof = False

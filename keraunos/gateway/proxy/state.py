@@ -19,6 +19,7 @@ import structlog
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics
 from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts
+from keraunos.gateway.proxy.disconnect import WatchScheduler
 from keraunos.gateway.proxy.routing import Cooldowns
 from keraunos.gateway.proxy.upstream import RetryPolicy
 from keraunos.ledger.base import Ledger
@@ -70,6 +71,7 @@ class ProxyState:
         self.rollouts = KnownRollouts()
         self.cooldowns = Cooldowns()
         self.pause = Pause()
+        self.watches = WatchScheduler(config.proxy_disconnect_watch_after_s)
         self.metrics.watch_inflight(lambda: self.pause.inflight)
         self.policy = RetryPolicy(
             max_attempts=config.proxy_max_attempts,
@@ -89,6 +91,7 @@ class ProxyState:
         return self._session
 
     async def aclose(self) -> None:
+        self.watches.close()
         session, self._session = self._session, None
         if session is not None:
             await session.close()
