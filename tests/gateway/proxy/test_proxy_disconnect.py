@@ -7,6 +7,7 @@ committed, so pause/drain and graceful shutdown wait for it.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from keraunos.gateway.proxy.disconnect import DisconnectWatch, WatchScheduler
 from keraunos.testing.processes import Engine, Gateway
 
 pytestmark = pytest.mark.timeout(60)
@@ -176,3 +178,36 @@ def test_sigterm_lets_a_stream_in_flight_finish_and_be_recorded(
     assert gateway.stop(grace=15) == 0
     thread.join(10)
     assert lines and lines[-1] == "data: [DONE]"  # sent only after the record was committed
+
+
+def test_a_quick_call_never_waits_on_receive_and_a_long_one_is_cancelled_by_a_disconnect() -> None:
+    async def scenario() -> tuple[int, bool, bool]:
+        left = asyncio.Event()
+        calls = 0
+
+        async def receive() -> dict[str, Any]:
+            nonlocal calls
+            calls += 1
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        scheduler = WatchScheduler(after_s=0.02)
+        with DisconnectWatch(receive, scheduler):  # a quick call: over before its watch starts
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
+        quick_calls = calls
+
+        watch = DisconnectWatch(receive, scheduler)
+        try:
+            with watch:
+                asyncio.get_running_loop().call_later(0.05, left.set)  # the agent leaves
+                await asyncio.sleep(5)
+            cancelled = False
+        except asyncio.CancelledError:
+            cancelled = True
+        scheduler.close()
+        return quick_calls, cancelled, watch.disconnected
+
+    quick_calls, cancelled, disconnected = asyncio.run(asyncio.wait_for(scenario(), 3))
+    assert quick_calls == 0
+    assert cancelled and disconnected
