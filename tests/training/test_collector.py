@@ -51,6 +51,14 @@ def collect_with(
     return asyncio.run(main())
 
 
+async def wait_inflight(client: httpx.AsyncClient, base_url: str, n: int, timeout_s: float = 10.0) -> None:
+    """Wait until the proxy counts `n` calls in flight (they may take a while to arrive under load)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await client.get(f"{base_url}/proxy/state")).json()["inflight"] < n:
+        assert asyncio.get_running_loop().time() < deadline, f"never saw {n} calls in flight"
+        await asyncio.sleep(0.02)
+
+
 def sibling(rollout_id: str) -> int:
     return int(rollout_id.rsplit(".", 1)[1])
 
@@ -233,7 +241,7 @@ def test_pause_and_drain_reports_calls_in_flight_and_what_was_left_at_the_timeou
             RolloutCollector(cfg) as collector,
         ):
             calls = [asyncio.create_task(client.post(url, json=body)) for _ in range(2)]
-            await asyncio.sleep(0.5)
+            await wait_inflight(client, collect_gateway.base_url, 2)
             short = await collector.pause_and_drain(timeout_s=0.1)
             full = await collector.pause_and_drain(timeout_s=10)
             refused = (await client.post(url, json=body)).status_code
@@ -242,7 +250,7 @@ def test_pause_and_drain_reports_calls_in_flight_and_what_was_left_at_the_timeou
             return short, full, refused
 
     short, full, refused = asyncio.run(main())
-    assert short.inflight_at_pause == 2 and short.inflight_at_timeout == 2 and not short.drained
+    assert short.inflight_at_pause >= 2 and short.inflight_at_timeout >= 2 and not short.drained
     assert full.drained and 0.3 < full.drain_seconds < 5
     assert refused == 429
 
