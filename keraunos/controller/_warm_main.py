@@ -6,7 +6,8 @@ a second of CPU), then forks. The child starts a new session (its own process gr
 agent has), replaces its whole environment with `env`, changes to `cwd`, sends stdout and stderr
 to `log_path` and runs the agent like `_agent_main` does, then exits without running any of the
 worker's cleanup. The worker answers on stdout, one JSON line each: `{"id", "event": "started",
-"pid"}`, `{"id", "event": "exited", "status"}` (status as `Popen.returncode`: negative for a
+"pid"}` (once the child has its own session, so its group can be signalled), `{"id", "event":
+"exited", "status"}` (status as `Popen.returncode`: negative for a
 signal), or `{"id", "event": "failed", "error"}` when the class cannot be loaded. It exits when
 stdin closes. Only the standard library is imported besides the agents.
 """
@@ -32,9 +33,10 @@ def _send(out: TextIO, **message: Any) -> None:
     out.flush()
 
 
-def _child(request: dict[str, Any], channel: TextIO) -> int:
+def _child(request: dict[str, Any], channel: TextIO, ready_fd: int) -> int:
     """In the forked child: become an isolated agent process and run the agent; the exit status."""
     os.setsid()
+    os.close(ready_fd)  # tells the worker the process group exists, so it can be signalled
     os.close(channel.fileno())  # the worker's answers are not the agent's to write
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
@@ -85,17 +87,22 @@ def _start(request: dict[str, Any], running: dict[int, str], out: TextIO) -> Non
         _send(out, id=request["id"], event="failed", error=str(exc))
         return
     out.flush()
+    ready_read, ready_write = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(ready_read)
         status = 1
         try:
-            status = _child(request, out)
+            status = _child(request, out, ready_write)
         except SystemExit as exc:  # as a cold agent's interpreter would exit
             status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:
             traceback.print_exc()
         finally:
             os._exit(status)
+    os.close(ready_write)
+    os.read(ready_read, 1)  # end of file once the child has its own session (or has died)
+    os.close(ready_read)
     running[pid] = request["id"]
     _send(out, id=request["id"], event="started", pid=pid)
 
