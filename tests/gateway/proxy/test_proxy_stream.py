@@ -534,7 +534,7 @@ def test_the_official_openai_client_streams_through_the_proxy_unchanged(
     text_stream = client.completions.create(model="anything", prompt="Hello", max_tokens=4, stream=True)
     completion_text = "".join(chunk.choices[0].text for chunk in text_stream)
 
-    async def stream_async() -> tuple[str, Any]:
+    async def stream_async() -> tuple[str, Any, str]:
         async with openai.AsyncOpenAI(base_url=base_url, api_key=proxy_gateway.key, max_retries=0) as aclient:
             chunks = await aclient.chat.completions.create(
                 model="x",
@@ -548,17 +548,20 @@ def test_the_official_openai_client_streams_through_the_proxy_unchanged(
                 if chunk.choices:
                     text += chunk.choices[0].delta.content or ""
                 usage = chunk.usage or usage
-            return text, usage
+            pieces = await aclient.completions.create(model="x", prompt="Hello", max_tokens=4, stream=True)
+            completion = "".join([piece.choices[0].text async for piece in pieces])
+            return text, usage, completion
 
-    async_text, usage = asyncio.run(stream_async())
+    async_text, usage, async_completion = asyncio.run(stream_async())
     assert usage is not None and usage.completion_tokens == 5
     records = [event["data"]["response"] for event in model_requests(proxy_gateway, rollout)]
     assert [r["choices"][0].get("message", {}).get("content") for r in records[::2]] == [
         chat_text,
         async_text,
     ]
-    assert records[1]["choices"][0]["text"] == completion_text
-    assert chat_text and completion_text and async_text == chat_text  # same prompt, same sampler
+    assert [r["choices"][0]["text"] for r in records[1::2]] == [completion_text, async_completion]
+    assert chat_text and async_text == chat_text  # same prompt, same sampler
+    assert completion_text and async_completion == completion_text
 
 
 def test_the_openai_client_raises_on_a_stream_that_dies(
