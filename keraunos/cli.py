@@ -177,6 +177,31 @@ def serve(ctx: typer.Context) -> None:
     typer.main.get_command(serve_app()).main(args=ctx.args, prog_name="keraunos serve")
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    short_help="Train a model with RL on an agent's rollouts (see keraunos train --help).",
+)
+def train(ctx: typer.Context) -> None:
+    """Train a local model with GRPO on the rollouts of an agent: collect, update, swap weights."""
+    from keraunos._settings_cli import settings_command
+    from keraunos.training.train_config import TrainConfig
+
+    def run(config: TrainConfig) -> int:
+        from keraunos.training.loop import run_training
+
+        return run_training(config)
+
+    train_app = settings_command(
+        TrainConfig,
+        name="train",
+        doc="Train a model with GRPO on an agent's rollouts (docs/training-loop.md). Precedence: flag > "
+        "environment variable > --config file > default.",
+        run=run,
+    )
+    typer.main.get_command(train_app).main(args=ctx.args, prog_name="keraunos train")
+
+
 def main() -> None:
     """Console-script entry point (`keraunos`)."""
     app()

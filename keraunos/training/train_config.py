@@ -1,0 +1,224 @@
+"""The typed configuration of `keraunos train`: one flat field per knob, every one documented.
+
+Precedence, highest first: CLI flag > environment variable (`KERAUNOS_TRAIN_<FIELD>`) > YAML file
+(`keraunos train --config FILE.yaml`, a mapping with the same field names) > the default below.
+Importing this module loads no deep-learning framework, so `keraunos train --help` and a bad
+config answer at once.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Literal, Self
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from keraunos._settings import LayeredSettings
+from keraunos.training._outcome import FailedPolicy
+from keraunos.training.advantages import Estimator
+from keraunos.training.trajectories import Level
+
+ENV_PREFIX = "KERAUNOS_TRAIN_"
+EMBEDDED = "embedded"
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+class TrainConfig(LayeredSettings):
+    """Everything `keraunos train` needs; every field is a CLI flag, an env var and a YAML key."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    # -- what to train on -------------------------------------------------------------------------
+    dataset: str = Field(
+        default="",
+        description="Training rows: a JSONL file (one JSON value per line) or a Parquet file (needs "
+        "pyarrow). Each row becomes the 'input' of a group of rollouts.",
+    )
+    shuffle: bool = Field(default=True, description="Shuffle the rows at every pass over the dataset.")
+    agent_class: str = Field(
+        default="",
+        description="Python agent 'module:Class' (its run() does one rollout), importable from the "
+        "working directory or PYTHONPATH.",
+    )
+    agent_command: str = Field(
+        default="", description="Agent command line instead of a class (split like a shell does)."
+    )
+    input_env: str = Field(
+        default="AGENT_INPUT",
+        description="Environment variable through which each agent gets its rollout's input as JSON "
+        "(config.local.env_map); empty: none.",
+    )
+    agent_timeout_s: int = Field(default=600, ge=1, description="Timeout of one agent run (one attempt).")
+
+    # -- the policy and where it is served ------------------------------------------------------------
+    model: str = Field(default="", description="Directory of the Hugging Face causal LM to train.")
+    tiny: bool = Field(
+        default=False,
+        description="Build the tiny random model (keraunos.serving.tiny) in --model first if that "
+        "directory holds no model yet.",
+    )
+    served_model_name: str = Field(
+        default="policy",
+        description="Name the model is served and registered under; an external gateway's "
+        "--served-model must be the same.",
+    )
+    gateway: str = Field(
+        default=EMBEDDED,
+        description="'embedded': start a gateway (SQLite ledger in the run directory) as a "
+        "subprocess; or the URL of a running gateway.",
+    )
+    key: str = Field(
+        default="", description="Server key of the gateway (embedded: default a fresh random key)."
+    )
+    controller: Literal["embedded", "external"] = Field(
+        default="embedded",
+        description="'embedded': start a local controller as a subprocess to run the agents; "
+        "'external': controllers of your own serve the gateway.",
+    )
+    pool_size: int = Field(default=8, ge=1, description="Embedded controller: most agents running at once.")
+    warm_workers: int = Field(
+        default=0,
+        ge=0,
+        description="Embedded controller: warm workers that import the agent class once and fork "
+        "each agent (agent_class only); 0 starts every agent in a fresh interpreter.",
+    )
+    max_batch_size: int = Field(
+        default=32, ge=1, description="Model server: most sequences generated together in one batch."
+    )
+    batch_wait_ms: float = Field(
+        default=5.0, ge=0.0, description="Model server: how long a batch waits for more requests."
+    )
+    run_dir: str = Field(
+        default="runs/train",
+        description="Where the run writes metrics.jsonl, summary.json, checkpoints/, tensorboard/ and "
+        "the embedded processes' ledger and logs.",
+    )
+    run_id: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_:-]{0,64}$",
+        description="Prefix of the rollout ids (empty: a fresh random one).",
+    )
+
+    # -- the algorithm ----------------------------------------------------------------------------
+    steps: int = Field(default=10, ge=1, description="Training steps (one weight update each).")
+    group_size: int = Field(default=4, ge=1, description="Rollouts per dataset row (the GRPO group).")
+    batch_size: int = Field(default=8, ge=1, description="Groups per step.")
+    mode: Literal["sync", "async"] = Field(
+        default="sync", description="sync: each step waits for its groups; async: groups carry over."
+    )
+    async_batch_size: int | None = Field(
+        default=None, ge=1, description="Async: groups kept in flight (default: batch_size)."
+    )
+    max_staleness: int | None = Field(
+        default=None, ge=0, description="Drop groups sampled more than this many versions ago."
+    )
+    failed_rollouts: FailedPolicy = Field(
+        default="drop", description="drop: failed rollouts yield no rows; fill: train them with fill_reward."
+    )
+    fill_reward: float = Field(
+        default=0.0, description="Reward of filled failed rollouts and of succeeded ones without a reward."
+    )
+    estimator: Estimator = Field(default="grpo", description="grpo | dr_grpo | rloo | reinforce.")
+    normalize_std: bool = Field(default=True, description="GRPO: divide by the group std.")
+    level: Level = Field(
+        default="trajectory",
+        description="trajectory: merge a rollout's turns into rows; transition: a row per call.",
+    )
+    max_prompt_len: int = Field(default=1024, ge=1, description="Prompt ids per training row.")
+    max_response_len: int = Field(default=1024, ge=1, description="Response ids per training row.")
+    temperature: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="Sampling temperature of training calls (the embedded gateway forces it; an "
+        "external gateway's --train-temperature must be the same).",
+    )
+    lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate.")
+    warmup_steps: int = Field(default=0, ge=0, description="Steps of linear learning-rate warm-up.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay on matrices.")
+    max_grad_norm: float = Field(default=1.0, ge=0, description="Gradient clipping; 0 = none.")
+    micro_batch_size: int = Field(default=8, ge=1, description="Rows per forward/backward pass.")
+    clip_low: float = Field(default=0.2, ge=0, lt=1, description="Ratio clip below: 1 - clip_low.")
+    clip_high: float = Field(default=0.2, ge=0, description="Ratio clip above: 1 + clip_high.")
+    kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the starting model; 0 = none.")
+    device: str = Field(default="auto", description="Torch device of trainer and server: cpu, cuda, auto.")
+    seed: int = Field(default=0, description="Seed of the trainer, the server's sampling and the shuffle.")
+    torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
+    checkpoint_every: int = Field(
+        default=0, ge=0, description="Save a checkpoint every N steps (0: only after the last step)."
+    )
+
+    # -- time constants -------------------------------------------------------------------------
+    poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between collector polls.")
+    group_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="A group unfinished this long is taken without its missing rollouts.",
+    )
+    drain_timeout_s: float = Field(
+        default=60.0, ge=0, description="Most seconds to wait for calls in flight before a weight update."
+    )
+    pause_retry_after_s: int = Field(
+        default=1, ge=0, description="Retry-After the paused gateway gives agents during an update."
+    )
+    controller_poll_interval_s: float = Field(
+        default=0.2, gt=0, description="Embedded controller: seconds between looks for new rollouts."
+    )
+    startup_timeout_s: float = Field(
+        default=60.0, gt=0, description="Most seconds the embedded gateway may take to start."
+    )
+
+    # -- output ---------------------------------------------------------------------------------
+    progress: bool = Field(default=True, description="Show a progress bar and a line per step.")
+    tensorboard: bool = Field(
+        default=True, description="Write TensorBoard events when the tensorboard package is installed."
+    )
+    log_level: LogLevel = Field(default="warning", description="Least severe log level written to stderr.")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lowercase(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway(cls, value: str) -> str:
+        if value != EMBEDDED and not value.startswith(("http://", "https://")):
+            raise ValueError("must be 'embedded' or an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("agent_command")
+    @classmethod
+    def _splits(cls, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into arguments: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if not self.dataset:
+            raise ValueError("dataset is required: a JSONL (or Parquet) file of rows")
+        if not self.model:
+            raise ValueError("model is required: a model directory (add tiny: true to build a tiny one)")
+        if self.agent_class and self.agent_command:
+            raise ValueError("set at most one of agent_class and agent_command")
+        if self.controller == "embedded" and not (self.agent_class or self.agent_command):
+            raise ValueError("the embedded controller needs agent_class or agent_command")
+        if self.gateway == EMBEDDED and self.controller == "external":
+            raise ValueError("an embedded gateway needs the embedded controller (no other can reach it)")
+        if self.async_batch_size is not None and self.async_batch_size < self.batch_size:
+            raise ValueError(f"async_batch_size {self.async_batch_size} < batch_size {self.batch_size}")
+        return self
+
+    @property
+    def embedded_gateway(self) -> bool:
+        """Whether `keraunos train` starts its own gateway."""
+        return self.gateway == EMBEDDED
+
+    @property
+    def agent_argv(self) -> list[str]:
+        """`agent_command` split into arguments (empty when unset)."""
+        return shlex.split(self.agent_command)

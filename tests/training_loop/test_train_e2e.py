@@ -1,0 +1,175 @@
+"""`keraunos train` end to end on the full stack: a real gateway, the embedded controller running a
+test agent, the model server and the trainer in the train process, a tiny model built on the spot.
+
+The reward is trivially learnable (the share of digits in the model's replies), so a few steps of
+GRPO must raise it. Between steps the weights are swapped in place and the endpoint re-registered:
+the test watches the gateway's endpoint registry and the server during the run, and reads the
+model version recorded on every call afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from keraunos.testing.processes import Gateway, clean_env, keraunos_command, start_gateway
+
+STEPS = 6
+GROUP_SIZE = 4
+GROUPS = 4
+
+
+class RegistryWatch(threading.Thread):
+    """Polls the gateway's endpoints of `policy` and each endpoint's /keraunos/info, recording pairs."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(daemon=True)
+        self.gateway = gateway
+        self.seen: list[tuple[int, int | None]] = []  # (registered version, server version)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with self.gateway.client() as api, httpx.Client(timeout=2) as plain:
+            while not self.stop.wait(0.1):
+                try:
+                    for model in api.get("/api/models", params={"model": "policy"}).json():
+                        root = model["endpoint"].removesuffix("/v1")
+                        info = plain.get(f"{root}/keraunos/info").json()
+                        self.seen.append((model["version"], info["version"]))
+                except (httpx.HTTPError, ValueError):
+                    continue
+
+
+def test_train_raises_a_learnable_reward_and_every_call_carries_the_version_it_was_served_with(
+    tmp_path: Path, agents_pythonpath: str
+) -> None:
+    gateway = start_gateway(
+        tmp_path / "gateway", args=("--served-model", "policy", "--train-temperature", "1.0")
+    )
+    try:
+        dataset = tmp_path / "prompts.jsonl"
+        dataset.write_text("".join(json.dumps({"prompt": f"number {i}"}) + "\n" for i in range(8)))
+        run_dir = tmp_path / "run"
+        config = {
+            "dataset": str(dataset),
+            "agent_class": "digits_agent:DigitsAgent",
+            "warm_workers": 2,
+            "pool_size": GROUP_SIZE * GROUPS,
+            "model": str(tmp_path / "tiny"),
+            "tiny": True,
+            "gateway": gateway.base_url,
+            "key": gateway.key,
+            "run_dir": str(run_dir),
+            "run_id": "e2e",
+            "steps": STEPS,
+            "group_size": GROUP_SIZE,
+            "batch_size": GROUPS,
+            "lr": 0.05,
+            "max_prompt_len": 128,
+            "max_response_len": 64,
+            "poll_interval_s": 0.1,
+            "controller_poll_interval_s": 0.1,
+            "torch_threads": 1,
+            "progress": False,
+        }
+        (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+        watch = RegistryWatch(gateway)
+        watch.start()
+        started = time.monotonic()
+        result = subprocess.run(
+            keraunos_command("train", "--config", str(tmp_path / "train.yaml")),
+            capture_output=True,
+            text=True,
+            timeout=170,
+            env=clean_env({"PYTHONPATH": agents_pythonpath, "DIGITS_MAX_TOKENS": "8"}),
+            cwd=tmp_path,
+            check=False,
+        )
+        watch.stop.set()
+        watch.join(5)
+        assert result.returncode == 0, result.stderr[-3000:]
+        print(f"keraunos train: {time.monotonic() - started:.1f}s; {result.stdout.strip()}")
+
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        rewards = [r["reward_mean"] for r in records]
+        print("rewards per step:", [round(r, 3) for r in rewards])
+        assert [r["step"] for r in records] == list(range(STEPS))
+        assert [r["version"] for r in records] == list(range(1, STEPS + 1))
+        # Learning: the last two steps clearly beat the first two.
+        assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.15, rewards
+        # Two calls per rollout, every pair merged into one row without a break.
+        assert all(r["rows/calls"] == 2 * r["collect/rollouts"] for r in records)
+        assert all(r["rows/rows"] == r["collect/rollouts"] for r in records)
+        assert summary["merge_breaks"] == 0 and summary["steps"] == STEPS
+        # The sampler's log probs are the trainer's (same weights, same temperature).
+        assert max(r["train/logprob_diff_max"] for r in records) < 1e-4
+        assert (run_dir / "checkpoints").is_dir()
+
+        # During the run, after a swap, the registry and the server reported the same new version.
+        assert any(registered == served and registered >= 1 for registered, served in watch.seen), watch.seen
+        with gateway.client() as api:
+            # The run removed its endpoint when its server went away.
+            assert api.get("/api/models", params={"model": "policy"}).json() == []
+            # Every call of step s was served by version s (sync mode: one version per step).
+            rollouts = api.get("/api/rollouts", params={"state_in": "succeeded", "limit": 1000}).json()
+            assert len(rollouts) == STEPS * GROUP_SIZE * GROUPS
+            for rollout in rollouts:
+                events = api.get(
+                    f"/api/rollouts/{rollout['rollout_id']}/events", params={"event_type": "model_request"}
+                ).json()
+                assert len(events) == 2
+                step = rollout["metadata"]["batch_idx"]
+                assert {e["data"]["server"]["version"] for e in events} == {step}
+                assert {e["data"]["model_version"] for e in events} == {step}
+    finally:
+        gateway.stop()
+
+
+def test_train_refuses_a_bad_config_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("dataset: rows.jsonl\nmodel: m\nsteps: 0\nagent_class: a:B\n")
+    result = subprocess.run(
+        keraunos_command("train", "--config", str(tmp_path / "bad.yaml")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: invalid value 0 for steps (from {tmp_path / 'bad.yaml'}): Input should be greater than or equal to 1"
+    ]
+
+
+def test_train_says_which_dataset_is_missing(tmp_path: Path) -> None:
+    result = subprocess.run(
+        keraunos_command(
+            "train",
+            "--dataset",
+            str(tmp_path / "nope.jsonl"),
+            "--model",
+            str(tmp_path),
+            "--agent-class",
+            "a:B",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(),
+        check=False,
+    )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1] == f"error: dataset {tmp_path / 'nope.jsonl'} does not exist"
+    )
+
+
+pytestmark = pytest.mark.timeout(200)
