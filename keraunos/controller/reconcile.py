@@ -15,14 +15,15 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from keraunos.controller.client import GatewayError, GatewayUnreachable
-from keraunos.controller.launch import Launch
+from keraunos.controller.launch import Launch, LaunchError
 from keraunos.controller.runners._state import AgentRecord
 from keraunos.controller.runners.local import LocalAgent, LocalRunner, read_log_tail
 from keraunos.controller.work import Assignment, Ending, WorkSource, ending_of
@@ -113,21 +114,33 @@ class Reconciler:
 
     async def _start(self, assignment: Assignment) -> None:
         rollout_id, attempt_id = assignment.rollout_id, assignment.attempt_id
+        log_path = self.runner.log_path(rollout_id, attempt_id)
         try:
             launch = self.plan(assignment)
-            agent = await self.runner.start(launch)
-        except ValueError as exc:  # LaunchError, EnvMapError
-            log.warning("cannot start agent", rollout_id=rollout_id, attempt_id=attempt_id, reason=str(exc))
-            log_path = self.runner.log_path(rollout_id, attempt_id)
+        except ValueError as exc:  # LaunchError, EnvMapError: the rollout's config cannot be run
             _append(log_path, f"keraunos controller: {exc}\n")
-            record = AgentRecord(rollout_id, attempt_id, str(log_path), time.time())
-            self._spawn(self._report_and_forget(record, Ending("failed", None, str(exc))))
+            self._fail_start(assignment, log_path, str(exc))
+            return
+        try:
+            agent = await self.runner.start(launch)
+        except LaunchError as exc:  # the runner has written why into the log
+            self._fail_start(assignment, log_path, str(exc))
             return
         self._live[(rollout_id, attempt_id)] = (assignment, agent)
         self._spawn(self._supervise(assignment, agent))
 
-    def _spawn(self, coroutine: object) -> None:
-        task = asyncio.ensure_future(coroutine)  # type: ignore[arg-type]
+    def _fail_start(self, assignment: Assignment, log_path: Path, reason: str) -> None:
+        log.warning(
+            "cannot start agent",
+            rollout_id=assignment.rollout_id,
+            attempt_id=assignment.attempt_id,
+            reason=reason,
+        )
+        record = AgentRecord(assignment.rollout_id, assignment.attempt_id, str(log_path), time.time())
+        self._spawn(self._report_and_forget(record, Ending("failed", None, reason)))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 

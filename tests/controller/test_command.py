@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import start_controller
+from controller_support import start_controller
 
 from keraunos.controller.config import ControllerConfig, env_var
 from keraunos.testing.processes import Gateway, free_port

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Stack, create_rollouts, group_alive, rollout_detail, wait_for, wait_terminal
+from controller_support import Stack, create_rollouts, group_alive, rollout_detail, wait_for, wait_terminal
 
 from keraunos.testing.processes import unique_id
 

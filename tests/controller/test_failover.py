@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StartController, create_rollouts, group_alive, rollout_detail, wait_for, wait_terminal
+from controller_support import (
+    StartController,
+    create_rollouts,
+    group_alive,
+    rollout_detail,
+    wait_for,
+    wait_terminal,
+)
 
 from keraunos.testing.processes import Gateway
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import group_alive
+from controller_support import group_alive
 
 from keraunos.controller.launch import Launch, LaunchError
 from keraunos.controller.runners import _procfs

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import AglServer, StartController, create_rollouts, wait_for, wait_terminal
+from controller_support import AglServer, StartController, create_rollouts, wait_for, wait_terminal
 
 from keraunos.testing.processes import Gateway
 

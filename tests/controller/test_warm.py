@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import AGENTS_DIR, group_alive
+from controller_support import AGENTS_DIR, group_alive
 
 from keraunos.controller.launch import AGENT_MAIN, Launch, LaunchError
 from keraunos.controller.runners._state import StateDir
