@@ -294,6 +294,8 @@ class TerminalItem(BaseModel):
     state: RolloutState
     data_id: str
     is_train: bool
+    #: keraunos addition: `metadata.data_id` (the collector's group key), None when it has none.
+    group_id: str | None = None
 
 
 class TerminalPage(BaseModel):

@@ -300,7 +300,7 @@ class SqliteLedger(Ledger):
             try:
                 (total,) = conn.execute(_CURRENT_TERMINAL_POSITION).fetchone()
                 rows = conn.execute(
-                    "SELECT rollout_id, state, data_id, is_train FROM rollouts "
+                    f"SELECT rollout_id, state, data_id, is_train, {_GROUP_ID} FROM rollouts "
                     "WHERE terminal_pos > ? AND terminal_pos <= ? ORDER BY terminal_pos",
                     (after, after + limit),
                 ).fetchall()
@@ -308,9 +308,13 @@ class SqliteLedger(Ledger):
                 conn.execute("COMMIT")
             items = [
                 TerminalItem(
-                    rollout_id=rid, state=RolloutState(state), data_id=data_id, is_train=bool(is_train)
+                    rollout_id=rid,
+                    state=RolloutState(state),
+                    data_id=data_id,
+                    is_train=bool(is_train),
+                    group_id=None if group_id is None else str(group_id),
                 )
-                for rid, state, data_id, is_train in rows
+                for rid, state, data_id, is_train, group_id in rows
             ]
             return TerminalPage(
                 items=items, next_after=max(after, min(after + limit, total)), total_terminal=total
@@ -510,6 +514,13 @@ class SqliteLedger(Ledger):
 
 
 # -- operations (run in the writer thread, inside the batch's transaction) -------------------------
+
+
+#: `metadata.data_id` of a rollouts row, read by SQLite's JSON functions (metadata is JSON text
+#: stored as a BLOB; text that only the stdlib reads, e.g. with NaN, yields no group).
+_GROUP_ID = (
+    "CASE WHEN json_valid(CAST(metadata AS TEXT)) THEN json_extract(CAST(metadata AS TEXT), '$.data_id') END"
+)
 
 
 def _create_one(conn: sqlite3.Connection, item: RolloutCreate, now: float) -> Rollout:

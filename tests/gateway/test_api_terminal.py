@@ -46,13 +46,39 @@ def test_rollouts_appear_in_the_order_they_became_terminal(api: httpx.Client, ne
 
     body = page(api, start)
     assert body["items"] == [
-        {"rollout_id": c, "state": "succeeded", "data_id": "", "is_train": True},
-        {"rollout_id": a, "state": "failed", "data_id": "D1", "is_train": True},
-        {"rollout_id": b, "state": "failed", "data_id": "I2", "is_train": False},
+        {"rollout_id": c, "state": "succeeded", "data_id": "", "is_train": True, "group_id": None},
+        {"rollout_id": a, "state": "failed", "data_id": "D1", "is_train": True, "group_id": None},
+        {"rollout_id": b, "state": "failed", "data_id": "I2", "is_train": False, "group_id": None},
     ]
     assert body["next_after"] == start + 3
     assert body["total_terminal"] == start + 3
     assert page(api, start + 3) == {"items": [], "next_after": start + 3, "total_terminal": start + 3}
+
+
+def test_items_carry_the_group_id_of_metadata_data_id(api: httpx.Client, new_id: NewId) -> None:
+    """keraunos addition: a collector's group key (`metadata.data_id`) comes with each item."""
+    a, b, c = new_id("ga"), new_id("gb"), new_id("gc")
+    created = api.post(
+        "/api/rollouts",
+        json=[
+            {"input": {"data_id": "row-7"}, "rollout_id": a, "metadata": {"data_id": "g-1", "batch_idx": 0}},
+            {"input": {}, "rollout_id": b, "metadata": {"data_id": 42}},
+        ],
+    )
+    assert created.status_code == 201, created.text
+    # NaN is kept as the stdlib writes it, which SQLite's JSON functions cannot read: no group.
+    body = f'[{{"input": {{}}, "rollout_id": "{c}", "metadata": {{"data_id": "g-2", "x": NaN}}}}]'
+    created = api.post("/api/rollouts", content=body, headers={"content-type": "application/json"})
+    assert created.status_code == 201, created.text
+    start = cursor_end(api)
+    for rollout_id in (a, b, c):
+        finish(api, rollout_id, "failed")
+    items = page(api, start)["items"]
+    assert [(item["rollout_id"], item["data_id"], item["group_id"]) for item in items] == [
+        (a, "row-7", "g-1"),
+        (b, "", "42"),
+        (c, "", None),
+    ]
 
 
 def test_non_terminal_moves_take_no_position(api: httpx.Client, new_id: NewId) -> None:
