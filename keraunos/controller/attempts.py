@@ -34,7 +34,8 @@ _TERMINAL_PAGE = 1000
 
 class AttemptsSource:
     """Claims rollouts under leases of `lease_s` seconds; `renew`, called every `renew_interval_s`
-    (the poll interval), heartbeats each attempt once per lease/3 and reads the terminal cursor.
+    (the poll interval, or lease/6 if shorter), heartbeats each attempt once per lease/3 and reads
+    the terminal cursor.
 
     `agent_keys` says whether agents get their attempt's token (the gateway has auth on) or
     `unused` (it has none); `upload_logs` whether the gateway keeps attempt logs.

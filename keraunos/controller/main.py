@@ -69,7 +69,8 @@ def build_source(config: ControllerConfig, client: GatewayClient, features: list
             client,
             controller_id=config.controller_id or default_controller_id(),
             lease_s=config.lease_s,
-            renew_interval_s=config.poll_interval_s,
+            # Often enough that a heartbeat due at lease/3 goes out by lease/2 whatever the poll.
+            renew_interval_s=min(config.poll_interval_s, config.lease_s / 6),
             agent_keys=bool(config.key),
             upload_logs=LOGS_FEATURE in known,
             log_upload_max_bytes=config.log_upload_max_bytes,
