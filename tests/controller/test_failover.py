@@ -135,7 +135,8 @@ def test_heartbeats_keep_an_attempt_alive_past_its_lease(
     (rollout_id,) = create_rollouts(
         served_gateway, [{"input": {}, "config": command("sleep 4", tmp_path / "n")}]
     )
-    controller_factory(served_gateway, "--lease-s", "2")
+    # A poll interval longer than the lease: heartbeats must not wait for polls.
+    controller_factory(served_gateway, "--lease-s", "2", "--poll-interval-s", "5")
     detail = wait_terminal(served_gateway, [rollout_id], timeout=30)[rollout_id]
     (attempt,) = detail["attempt_details"]
     assert attempt["outcome"] == "succeeded"
