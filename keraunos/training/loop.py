@@ -560,22 +560,16 @@ def collector_config(config: TrainConfig, gateway: str, key: str) -> CollectorCo
 
 
 async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+    from keraunos.serving.tiny import has_model
+
     started = time.perf_counter()
     rows = read_dataset(config.dataset)
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # the run's own progress bar is the one to watch
-    from keraunos.serving import ModelServer, ServeConfig
-    from keraunos.serving.tiny import build_tiny_model, has_model
-    from keraunos.training.backends.torch import TorchTrainer, TorchTrainerConfig, step_dir
-
-    if config.tiny and not has_model(config.model):
-        build_tiny_model(config.model, seed=config.seed)
-    elif not has_model(config.model):
+    if not config.tiny and not has_model(config.model):
         raise TrainError(
             f"{config.model} holds no model (no config.json); add tiny: true to build a tiny one"
         )
 
+    # The gateway and the controller (and its warm workers) start while torch is imported here.
     children: list[Child] = []
     key = config.key
     gateway = config.gateway
@@ -589,37 +583,50 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
         children.append(child)
         stack.callback(child.stop)  # stopped before the gateway: callbacks run last in, first out
 
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # the run's own progress bar is the one to watch
+    from keraunos.serving import ModelLoadError, ModelServer, ServeConfig
+    from keraunos.serving.tiny import build_tiny_model
+    from keraunos.training.backends.torch import PolicyLoadError, TorchTrainer, TorchTrainerConfig, step_dir
+
+    if config.tiny and not has_model(config.model):
+        build_tiny_model(config.model, seed=config.seed)
+
     def watch() -> None:
         for child in children:
             child.check()
 
-    trainer = TorchTrainer(
-        TorchTrainerConfig(
-            model_path=config.model,
-            device=config.device,
-            lr=config.lr,
-            warmup_steps=config.warmup_steps,
-            weight_decay=config.weight_decay,
-            max_grad_norm=config.max_grad_norm,
-            micro_batch_size=config.micro_batch_size,
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            kl_coef=config.kl_coef,
-            seed=config.seed,
-            torch_threads=config.torch_threads,
+    try:
+        trainer = TorchTrainer(
+            TorchTrainerConfig(
+                model_path=config.model,
+                device=config.device,
+                lr=config.lr,
+                warmup_steps=config.warmup_steps,
+                weight_decay=config.weight_decay,
+                max_grad_norm=config.max_grad_norm,
+                micro_batch_size=config.micro_batch_size,
+                clip_low=config.clip_low,
+                clip_high=config.clip_high,
+                kl_coef=config.kl_coef,
+                seed=config.seed,
+                torch_threads=config.torch_threads,
+            )
         )
-    )
-    server = ModelServer.from_config(
-        ServeConfig(
-            model=config.model,
-            served_model_name=config.served_model_name,
-            device=str(trainer.device),
-            max_batch_size=config.max_batch_size,
-            batch_wait_ms=config.batch_wait_ms,
-            seed=config.seed,
-            torch_threads=config.torch_threads,
+        server = ModelServer.from_config(
+            ServeConfig(
+                model=config.model,
+                served_model_name=config.served_model_name,
+                device=str(trainer.device),
+                max_batch_size=config.max_batch_size,
+                batch_wait_ms=config.batch_wait_ms,
+                seed=config.seed,
+                torch_threads=config.torch_threads,
+            )
         )
-    )
+    except (PolicyLoadError, ModelLoadError) as exc:
+        raise TrainError(str(exc)) from None
     running = server.start()
     stack.callback(running.stop)
     target = WeightTarget(server, [running.endpoint])
