@@ -173,7 +173,11 @@ class ModelServer:
                     raise RequestError(
                         400, "this model's tokenizer has no chat template; use /v1/completions"
                     )
-                kwargs = {"tools": body["tools"]} if body.get("tools") else None
+                kwargs = body.get("chat_template_kwargs") or {}
+                if not isinstance(kwargs, dict):
+                    raise RequestError(400, "chat_template_kwargs must be an object")
+                if body.get("tools"):
+                    kwargs = {**kwargs, "tools": body["tools"]}
                 gen.prompts = [chat_prompt_ids(tokenizer, body.get("messages"), self.cache, kwargs)]
             else:
                 if "prompt" not in body:

@@ -218,6 +218,7 @@ def test_completions_give_prompt_and_token_ids_per_choice(client: httpx.Client) 
         ),
         ({"messages": []}, 400, "'messages' must be a non-empty list"),
         ({"messages": QUESTION, "stop": 3}, 400, "stop must be a string"),
+        ({"messages": QUESTION, "chat_template_kwargs": [1]}, 400, "chat_template_kwargs must be an object"),
     ],
 )
 def test_bad_requests_get_a_vllm_error_naming_the_problem(
