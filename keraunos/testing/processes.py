@@ -115,7 +115,7 @@ def start_gateway(
     key: str = TEST_KEY,
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
-    ready_timeout: float = 15.0,
+    ready_timeout: float = 60.0,
 ) -> Gateway:
     """Start `keraunos gateway` on a free loopback port and wait until `/healthz` answers."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ def start_engine(workdir: Path, args: Sequence[str] = (), *, served_model: str =
     with log_path.open("wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=workdir)
     engine = Engine(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         try:
             if httpx.get(f"{engine.base_url}/health", timeout=1).status_code == 200:

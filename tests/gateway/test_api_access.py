@@ -96,6 +96,10 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/rollouts/{rollout_id}": {"get", "patch", "delete"},
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events": {"post"},
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/token": {"post"},
+        "/api/rollouts/claim": {"post"},
+        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/heartbeat": {"post"},
+        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/finish": {"post"},
+        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/logs": {"get", "put"},
         "/api/rollouts/{rollout_id}/events": {"get"},
         "/api/models": {"get", "post", "delete"},
     }
