@@ -29,6 +29,7 @@ import math
 import os
 import random
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -222,7 +223,8 @@ def console_line(record: dict[str, float]) -> str:
         f" ent {record.get('train/entropy', math.nan):.2f}"
         f" clip {record.get('train/clip_fraction', math.nan):.2f}"
         f" calls/ro {calls / rollouts if rollouts else 0.0:.1f}"
-        f" breaks {int(record.get('rows/breaks', 0.0))} dropped {int(dropped)}"
+        f" breaks {int(record.get('rows/breaks', 0.0))} failed {int(record.get('collect/failed_rollouts', 0.0))}"
+        f" dropped {int(dropped)}"
         f" v{int(record['version'])} {record.get('time/step', 0.0):.1f}s"
     )
 
@@ -293,8 +295,11 @@ class TrainingLoop:
         registry: EndpointRegistry,
         sink: MetricsSink,
         watch: Callable[[], None] = lambda: None,
+        agent_logs: str = "the agents' logs",
     ) -> None:
         self.config = config
+        self.agent_logs = agent_logs
+        self._steps_done = 0
         self.collector = collector
         self.trainer = trainer
         self.target = target
@@ -323,6 +328,7 @@ class TrainingLoop:
             self.collector.collect(step, source, model_version=self.target.version)
         )
         timings["collect"] = time.perf_counter() - started
+        self._check_failures(step, batch.metrics)
 
         t0 = time.perf_counter()
         rollouts = batch.rollouts
@@ -352,7 +358,19 @@ class TrainingLoop:
             timings=timings,
         )
         self.sink.write(record)
+        self._steps_done += 1
         return record
+
+    def _check_failures(self, step: int, metrics: dict[str, float]) -> None:
+        """Stop when every rollout of the first step failed (a broken agent, not bad luck)."""
+        created = metrics.get("rollouts_created", 0.0)
+        failed = metrics.get("failed_rollouts", 0.0) + metrics.get("timed_out_rollouts", 0.0)
+        if created and failed >= created:
+            if self._steps_done == 0:
+                raise TrainError(
+                    f"all {int(created)} rollouts of step {step} failed or timed out; see {self.agent_logs}"
+                )
+            log.warning("every rollout of this step failed", step=step, rollouts=int(created))
 
     async def _update(self, batch: Any) -> tuple[dict[str, float], dict[str, float]]:
         """Pause and drain, train, swap, re-register, resume (also when something fails)."""
@@ -559,7 +577,20 @@ def collector_config(config: TrainConfig, gateway: str, key: str) -> CollectorCo
     )
 
 
+def train(config: TrainConfig) -> dict[str, Any]:
+    """The whole run: start what it needs, run every step, stop it all; the summary (as in summary.json).
+
+    Raises `TrainError` (or the collector's `CollectorError`) with a one-line message. A driver of
+    its own (`keraunos demo`) calls this and reads `RUN_DIR/metrics.jsonl` and the summary.
+    """
+    run_dir = Path(config.run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        return asyncio.run(_run(config, run_dir, stack))
+
+
 async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) -> dict[str, Any]:
+    """`train`'s body; everything started is registered on `stack`, which the caller closes."""
     from keraunos.serving.tiny import has_model
 
     started = time.perf_counter()
@@ -649,6 +680,9 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
                 registry=registry,
                 sink=sink,
                 watch=watch,
+                agent_logs=str(run_dir / "controller" / "agents")
+                if config.controller == "embedded"
+                else "the agents' logs",
             )
             source = endless_rows(rows, shuffle=config.shuffle, seed=config.seed)
             for step in range(config.steps):
@@ -674,23 +708,26 @@ def run_training(config: TrainConfig) -> int:
     from keraunos.training.collect import CollectorError
 
     configure_logging(config.log_level)
-    run_dir = Path(config.run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    # SIGTERM unwinds like Ctrl-C, so the gateway, the controller and the server are stopped too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with contextlib.ExitStack() as stack:
-            summary = asyncio.run(_run(config, run_dir, stack))
+        summary = train(config)
     except (TrainError, CollectorError) as exc:
         typer.echo(f"error: {exc}", err=True)
         return 1
     except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
+        typer.echo("interrupted; the run's processes were stopped", err=True)
         return 130
     typer.echo(
         f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, reward "
         f"{_fmt(summary['reward_first'])} -> {_fmt(summary['reward_last'])}; "
-        f"metrics in {summary['metrics']}, summary in {run_dir / 'summary.json'}"
+        f"metrics in {summary['metrics']}, summary in {Path(config.run_dir) / 'summary.json'}"
     )
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _fmt(value: float | None) -> str:

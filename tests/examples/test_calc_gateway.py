@@ -121,3 +121,19 @@ def test_each_rollout_records_every_turn_through_the_gateway_and_the_agents_rewa
             for before, after in itertools.pairwise(chain):
                 grown = before["prompt_token_ids"] + before["response_token_ids"]
                 assert after["prompt_token_ids"][: len(grown)] == grown
+
+
+def test_the_command_line_runs_the_agent_against_any_openai_compatible_server(
+    served: tuple[Gateway, Engine], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from examples.calc.__main__ import main
+
+    _, engine = served
+    before = engine.stats()["requests"]
+    argv = ["--base-url", engine.endpoint, "--model", SERVED_MODEL, "--max-turns", "2", "--verbose"]
+    assert main([*argv, "--question", "What is 2 + 2?", "--answer", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "     user: What is 2 + 2?" in out
+    assert "reward: 0.0  (expected 4, 2 model calls)" in out
+    assert out.strip().endswith("accuracy 0.000 over 1 questions")
+    assert engine.stats()["requests"] == before + 2
