@@ -661,6 +661,13 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     running = server.start()
     stack.callback(running.stop)
     target = WeightTarget(server, [running.endpoint])
+    # Where the run's parts listen, for whoever wants to look while it runs (not the key).
+    run_info = {
+        "gateway": gateway,
+        "endpoints": target.endpoints,
+        "served_model_name": config.served_model_name,
+    }
+    (run_dir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n", encoding="utf-8")
 
     registry = EndpointRegistry(gateway, key, config.served_model_name)
     sink = MetricsSink(

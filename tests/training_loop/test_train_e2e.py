@@ -1,5 +1,6 @@
-"""`keraunos train` end to end on the full stack: a real gateway, the embedded controller running a
-test agent, the model server and the trainer in the train process, a tiny model built on the spot.
+"""`keraunos train` end to end on the full stack: the embedded gateway and controller (warm workers
+running a test agent), the model server and the trainer in the train process, a tiny model built on
+the spot.
 
 The reward is trivially learnable (the share of digits in the model's replies), so a few steps of
 GRPO must raise it. Between steps the weights are swapped in place and the endpoint re-registered:
@@ -19,102 +20,108 @@ import httpx
 import pytest
 import yaml
 
-from keraunos.testing.processes import Gateway, clean_env, keraunos_command, start_gateway
+from keraunos.testing.processes import clean_env, keraunos_command, start_gateway
 
-STEPS = 5
+STEPS = 6
 GROUP_SIZE = 4
 GROUPS = 4
 
 
-class RegistryWatch(threading.Thread):
-    """Polls the gateway's endpoints of `policy` and each endpoint's /keraunos/info, recording pairs."""
+KEY = "train-e2e-key"
 
-    def __init__(self, gateway: Gateway) -> None:
+
+class RegistryWatch(threading.Thread):
+    """Once the run says where its gateway is (RUN_DIR/run.json), polls the endpoints of `policy`
+    and each endpoint's /keraunos/info, recording (registered version, served version) pairs."""
+
+    def __init__(self, run_dir: Path) -> None:
         super().__init__(daemon=True)
-        self.gateway = gateway
-        self.seen: list[tuple[int, int | None]] = []  # (registered version, server version)
+        self.run_dir = run_dir
+        self.seen: list[tuple[int, int]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
-        with self.gateway.client() as api, httpx.Client(timeout=2) as plain:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with httpx.Client(timeout=2, headers=headers) as client:
             while not self.stop.wait(0.1):
                 try:
-                    for model in api.get("/api/models", params={"model": "policy"}).json():
+                    gateway = json.loads((self.run_dir / "run.json").read_text())["gateway"]
+                    models = client.get(f"{gateway}/api/models", params={"model": "policy"}).json()
+                    for model in models:
                         root = model["endpoint"].removesuffix("/v1")
-                        info = plain.get(f"{root}/keraunos/info").json()
+                        info = client.get(f"{root}/keraunos/info").json()
                         self.seen.append((model["version"], info["version"]))
-                except (httpx.HTTPError, ValueError):
+                except (OSError, httpx.HTTPError, ValueError, KeyError):
                     continue
 
 
 def test_train_raises_a_learnable_reward_and_every_call_carries_the_version_it_was_served_with(
     tmp_path: Path, agents_pythonpath: str
 ) -> None:
-    gateway = start_gateway(
-        tmp_path / "gateway", args=("--served-model", "policy", "--train-temperature", "1.0")
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": f"number {i}"}) + "\n" for i in range(8)))
+    run_dir = tmp_path / "run"
+    config = {
+        "dataset": str(dataset),
+        "agent_class": "digits_agent:DigitsAgent",
+        "warm_workers": 2,
+        "pool_size": GROUP_SIZE * GROUPS,
+        "model": str(tmp_path / "tiny"),
+        "tiny": True,
+        "gateway": "embedded",
+        "key": KEY,
+        "run_dir": str(run_dir),
+        "run_id": "e2e",
+        "steps": STEPS,
+        "group_size": GROUP_SIZE,
+        "batch_size": GROUPS,
+        "lr": 0.1,
+        "max_prompt_len": 128,
+        "max_response_len": 64,
+        "poll_interval_s": 0.1,
+        "controller_poll_interval_s": 0.1,
+        "torch_threads": 1,
+        "progress": False,
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    watch = RegistryWatch(run_dir)
+    watch.start()
+    started = time.monotonic()
+    result = subprocess.run(
+        keraunos_command("train", "--config", str(tmp_path / "train.yaml")),
+        capture_output=True,
+        text=True,
+        timeout=170,
+        env=clean_env({"PYTHONPATH": agents_pythonpath, "DIGITS_MAX_TOKENS": "8"}),
+        cwd=tmp_path,
+        check=False,
     )
+    watch.stop.set()
+    watch.join(5)
+    assert result.returncode == 0, result.stderr[-3000:]
+    print(f"keraunos train: {time.monotonic() - started:.1f}s; {result.stdout.strip()}")
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rewards = [r["reward_mean"] for r in records]
+    print("rewards per step:", [round(r, 3) for r in rewards])
+    assert [r["step"] for r in records] == list(range(STEPS))
+    assert [r["version"] for r in records] == list(range(1, STEPS + 1))
+    # Learning: the last two steps clearly beat the first two.
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
+    # Two calls per rollout, every pair merged into one row without a break.
+    assert all(r["rows/calls"] == 2 * r["collect/rollouts"] for r in records)
+    assert all(r["rows/rows"] == r["collect/rollouts"] for r in records)
+    assert summary["merge_breaks"] == 0 and summary["steps"] == STEPS
+    # The sampler's log probs are the trainer's (same weights, same temperature).
+    assert max(r["train/logprob_diff_max"] for r in records) < 1e-4
+    assert (run_dir / "checkpoints").is_dir()
+
+    # During the run, after a swap, the registry and the server reported the same new version.
+    assert any(registered == served and registered >= 1 for registered, served in watch.seen), watch.seen
+    # The embedded gateway is gone with the run; its ledger is not: read it with a new gateway.
+    gateway = start_gateway(tmp_path / "reader", db=run_dir / "ledger.db", key=KEY)
     try:
-        dataset = tmp_path / "prompts.jsonl"
-        dataset.write_text("".join(json.dumps({"prompt": f"number {i}"}) + "\n" for i in range(8)))
-        run_dir = tmp_path / "run"
-        config = {
-            "dataset": str(dataset),
-            "agent_class": "digits_agent:DigitsAgent",
-            "warm_workers": 2,
-            "pool_size": GROUP_SIZE * GROUPS,
-            "model": str(tmp_path / "tiny"),
-            "tiny": True,
-            "gateway": gateway.base_url,
-            "key": gateway.key,
-            "run_dir": str(run_dir),
-            "run_id": "e2e",
-            "steps": STEPS,
-            "group_size": GROUP_SIZE,
-            "batch_size": GROUPS,
-            "lr": 0.1,
-            "max_prompt_len": 128,
-            "max_response_len": 64,
-            "poll_interval_s": 0.1,
-            "controller_poll_interval_s": 0.1,
-            "torch_threads": 1,
-            "progress": False,
-        }
-        (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
-        watch = RegistryWatch(gateway)
-        watch.start()
-        started = time.monotonic()
-        result = subprocess.run(
-            keraunos_command("train", "--config", str(tmp_path / "train.yaml")),
-            capture_output=True,
-            text=True,
-            timeout=170,
-            env=clean_env({"PYTHONPATH": agents_pythonpath, "DIGITS_MAX_TOKENS": "8"}),
-            cwd=tmp_path,
-            check=False,
-        )
-        watch.stop.set()
-        watch.join(5)
-        assert result.returncode == 0, result.stderr[-3000:]
-        print(f"keraunos train: {time.monotonic() - started:.1f}s; {result.stdout.strip()}")
-
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        summary = json.loads((run_dir / "summary.json").read_text())
-        rewards = [r["reward_mean"] for r in records]
-        print("rewards per step:", [round(r, 3) for r in rewards])
-        assert [r["step"] for r in records] == list(range(STEPS))
-        assert [r["version"] for r in records] == list(range(1, STEPS + 1))
-        # Learning: the last two steps clearly beat the first two.
-        assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.25, rewards
-        # Two calls per rollout, every pair merged into one row without a break.
-        assert all(r["rows/calls"] == 2 * r["collect/rollouts"] for r in records)
-        assert all(r["rows/rows"] == r["collect/rollouts"] for r in records)
-        assert summary["merge_breaks"] == 0 and summary["steps"] == STEPS
-        # The sampler's log probs are the trainer's (same weights, same temperature).
-        assert max(r["train/logprob_diff_max"] for r in records) < 1e-4
-        assert (run_dir / "checkpoints").is_dir()
-
-        # During the run, after a swap, the registry and the server reported the same new version.
-        assert any(registered == served and registered >= 1 for registered, served in watch.seen), watch.seen
         with gateway.client() as api:
             # The run removed its endpoint when its server went away.
             assert api.get("/api/models", params={"model": "policy"}).json() == []
