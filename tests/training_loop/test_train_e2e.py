@@ -140,6 +140,89 @@ def test_train_raises_a_learnable_reward_and_every_call_carries_the_version_it_w
         gateway.stop()
 
 
+def test_train_against_a_running_gateway_served_by_its_own_controller(
+    tmp_path: Path, agents_pythonpath: str
+) -> None:
+    gateway = start_gateway(tmp_path / "gateway", args=("--served-model", "policy"))
+    controller = subprocess.Popen(
+        keraunos_command(
+            "controller",
+            "--gateway",
+            gateway.base_url,
+            "--key",
+            gateway.key,
+            "--poll-interval-s",
+            "0.1",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--log-dir",
+            str(tmp_path / "agent-logs"),
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=clean_env({"PYTHONPATH": agents_pythonpath}),
+        cwd=tmp_path,
+    )
+    try:
+        dataset = tmp_path / "prompts.jsonl"
+        dataset.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+        result = subprocess.run(
+            keraunos_command(
+                "train",
+                "--dataset",
+                str(dataset),
+                "--agent-class",
+                "digits_agent:DigitsAgent",
+                "--model",
+                str(tmp_path / "tiny"),
+                "--tiny",
+                "true",
+                "--gateway",
+                gateway.base_url,
+                "--key",
+                gateway.key,
+                "--controller",
+                "external",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--steps",
+                "1",
+                "--group-size",
+                "2",
+                "--batch-size",
+                "2",
+                "--poll-interval-s",
+                "0.1",
+                "--progress",
+                "false",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(),
+            cwd=tmp_path,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        (record,) = [
+            json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert record["version"] == 1 and record["collect/rollouts"] == 4
+        with gateway.client() as api:
+            assert api.get("/api/models", params={"model": "policy"}).json() == []
+            rollouts = api.get("/api/rollouts", params={"state_in": "succeeded"}).json()
+            assert len(rollouts) == 4
+            for rollout in rollouts:
+                # Each rollout names the agent and hands it its input, for any controller to run.
+                assert rollout["config"]["local"]["agent_class"] == "digits_agent:DigitsAgent"
+                assert rollout["config"]["local"]["env_map"] == {"AGENT_INPUT": "input"}
+                assert rollout["input"] in ({"prompt": "a"}, {"prompt": "b"})
+    finally:
+        controller.terminate()
+        controller.wait(15)
+        gateway.stop()
+
+
 def test_train_refuses_a_bad_config_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("dataset: rows.jsonl\nmodel: m\nsteps: 0\nagent_class: a:B\n")
     result = subprocess.run(
