@@ -385,13 +385,15 @@ class TrainingLoop:
             t0 = time.perf_counter()
             train = await asyncio.to_thread(self.trainer.step, batch)
             timings["train"] = time.perf_counter() - t0
-            self.sink.phase("swapping weights")
-            t0 = time.perf_counter()
-            version = await asyncio.to_thread(self.target.swap, self.trainer.state_dict())
-            timings["swap"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            await self.registry.register(self.target.endpoints, version)
-            timings["register"] = time.perf_counter() - t0
+            # A skipped update (a non-finite gradient) left the weights as they were: nothing to swap.
+            if not train.get("update_skipped"):
+                self.sink.phase("swapping weights")
+                t0 = time.perf_counter()
+                version = await asyncio.to_thread(self.target.swap, self.trainer.state_dict())
+                timings["swap"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                await self.registry.register(self.target.endpoints, version)
+                timings["register"] = time.perf_counter() - t0
         finally:
             await self.collector.resume()
         train["inflight_at_pause"] = float(report.inflight_at_pause)

@@ -15,3 +15,9 @@ AGENTS_DIR = Path(__file__).resolve().parent / "agents"
 def agents_pythonpath() -> str:
     """PYTHONPATH that makes the test agents importable (`digits_agent:DigitsAgent`)."""
     return os.pathsep.join(p for p in (str(AGENTS_DIR), os.environ.get("PYTHONPATH", "")) if p)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio (the loop's own event loop)."""
+    return "asyncio"

@@ -1,0 +1,139 @@
+"""One `TrainingLoop.step`, with the collector, trainer, server and registry replaced by recorders:
+the order of the update (pause, train, swap, re-register, resume), what happens when the update
+fails or is skipped, and when every rollout failed. (The full stack runs in test_train_e2e.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from keraunos.training._data import CompletedRollout, Triplet
+from keraunos.training.collect import CollectedBatch, DrainReport, RolloutGroup
+from keraunos.training.loop import MetricsSink, TrainError, TrainingLoop, WeightTarget
+from keraunos.training.train_config import TrainConfig
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = TrainConfig.load(
+    {"dataset": "rows.jsonl", "model": "m", "agent_class": "a:B", "max_prompt_len": 8, "max_response_len": 8}
+)
+
+
+def rollout(rid: str, group: str, reward: float) -> CompletedRollout:
+    triplet = Triplet(
+        prompt_ids=np.array([1, 2, 3]),
+        response_ids=np.array([4, 5]),
+        logprobs=np.array([-1.0, -2.0], dtype=np.float32),
+        model_version=0,
+    )
+    return CompletedRollout(rid, group, [triplet], reward)
+
+
+class Recorder:
+    """Stands in for the collector, the trainer, the server and the registry; logs what is called."""
+
+    def __init__(self, *, rollouts: list[CompletedRollout], metrics: dict[str, float], train: Any) -> None:
+        self.calls: list[str] = []
+        self.rollouts = rollouts
+        self.metrics = metrics
+        self.train = train
+        self.version = 0
+        self.tokenizer = None
+
+    # collector
+    async def collect(
+        self, step: int, rows: Iterator[Any], *, model_version: int | None = None
+    ) -> CollectedBatch:
+        self.calls.append(f"collect v{model_version}")
+        groups = [RolloutGroup("g", step, 0, {}, self.rollouts)] if self.rollouts else []
+        return CollectedBatch(step, groups, dict(self.metrics))
+
+    async def pause_and_drain(self, timeout_s: float) -> DrainReport:
+        self.calls.append("pause")
+        return DrainReport(inflight_at_pause=0, drain_seconds=0.0, inflight_at_timeout=0)
+
+    async def resume(self) -> None:
+        self.calls.append("resume")
+
+    # trainer
+    def step(self, batch: Any) -> dict[str, float]:
+        self.calls.append(f"train {len(batch)} rows")
+        if isinstance(self.train, Exception):
+            raise self.train
+        return dict(self.train)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": 1}
+
+    # server
+    def load_weights(self, weights: Any) -> int:
+        self.calls.append("swap")
+        self.version += 1
+        return self.version
+
+    # registry
+    async def register(self, endpoints: list[str], version: int) -> None:
+        self.calls.append(f"register {endpoints} v{version}")
+
+
+def make_loop(recorder: Recorder, tmp_path: Path) -> TrainingLoop:
+    sink = MetricsSink(tmp_path, total_steps=1, progress=False, tensorboard=False)
+    return TrainingLoop(
+        CONFIG,
+        collector=recorder,  # type: ignore[arg-type]
+        trainer=recorder,
+        target=WeightTarget(recorder, ["http://127.0.0.1:1/v1"]),
+        registry=recorder,  # type: ignore[arg-type]
+        sink=sink,
+        agent_logs="LOGS",
+    )
+
+
+GROUP = [rollout("r0", "g", 1.0), rollout("r1", "g", 0.0)]
+CREATED = {"rollouts_created": 2.0, "groups": 1.0, "rollouts": 2.0}
+
+
+async def test_an_update_pauses_trains_swaps_reregisters_then_resumes(tmp_path: Path) -> None:
+    recorder = Recorder(rollouts=GROUP, metrics=CREATED, train={"loss": 0.5, "update_skipped": 0.0})
+    record = await make_loop(recorder, tmp_path).step(0, iter([]))
+    assert recorder.calls == [
+        "collect v0",
+        "pause",
+        "train 2 rows",
+        "swap",
+        "register ['http://127.0.0.1:1/v1'] v1",
+        "resume",
+    ]
+    assert record["version"] == 1 and record["train/loss"] == 0.5 and record["reward_mean"] == 0.5
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+async def test_the_gateway_is_resumed_even_when_the_update_fails(tmp_path: Path) -> None:
+    recorder = Recorder(rollouts=GROUP, metrics=CREATED, train=RuntimeError("out of memory"))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        await make_loop(recorder, tmp_path).step(0, iter([]))
+    assert recorder.calls == ["collect v0", "pause", "train 2 rows", "resume"]
+
+
+async def test_a_skipped_update_keeps_the_weights_and_their_version(tmp_path: Path) -> None:
+    recorder = Recorder(rollouts=GROUP, metrics=CREATED, train={"update_skipped": 1.0})
+    record = await make_loop(recorder, tmp_path).step(0, iter([]))
+    assert recorder.calls == ["collect v0", "pause", "train 2 rows", "resume"]
+    assert record["version"] == 0
+
+
+async def test_a_step_without_rows_does_not_touch_the_gateway_or_the_weights(tmp_path: Path) -> None:
+    recorder = Recorder(rollouts=[], metrics={"rollouts_created": 2.0, "small_groups_dropped": 1.0}, train={})
+    record = await make_loop(recorder, tmp_path).step(0, iter([]))
+    assert recorder.calls == ["collect v0"]
+    assert record["version"] == 0 and record["collect/small_groups_dropped"] == 1.0
+
+
+async def test_a_first_step_whose_rollouts_all_failed_stops_the_run(tmp_path: Path) -> None:
+    recorder = Recorder(rollouts=[], metrics={"rollouts_created": 4.0, "failed_rollouts": 4.0}, train={})
+    with pytest.raises(TrainError, match="all 4 rollouts of step 0 failed or timed out; see LOGS"):
+        await make_loop(recorder, tmp_path).step(0, iter([]))
