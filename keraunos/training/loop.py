@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -557,9 +558,10 @@ def rollout_config(config: TrainConfig) -> Any:
     return RolloutConfig(timeout_seconds=config.agent_timeout_s, local=local)
 
 
-def collector_config(config: TrainConfig, gateway: str, key: str) -> CollectorConfig:
-    """The collector's settings, taken from the run's."""
-    extra: dict[str, Any] = {"run_id": config.run_id} if config.run_id else {}
+def collector_config(config: TrainConfig, gateway: str, key: str, *, run_id: str = "") -> CollectorConfig:
+    """The collector's settings, taken from the run's (`run_id` wins over the config's)."""
+    run_id = run_id or config.run_id
+    extra: dict[str, Any] = {"run_id": run_id} if run_id else {}
     return CollectorConfig(
         server_url=gateway,
         key=key,
@@ -597,6 +599,17 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
 
     started = time.perf_counter()
     rows = read_dataset(config.dataset)
+    checkpoints = run_dir / "checkpoints"
+    metrics_path = run_dir / "metrics.jsonl"
+    earlier = (metrics_path.is_file() and metrics_path.stat().st_size > 0) or (
+        checkpoints.is_dir() and any(checkpoints.iterdir())
+    )
+    if earlier and not config.resume:
+        raise TrainError(
+            f"{run_dir} holds an earlier run (metrics.jsonl, checkpoints/); "
+            "continue it with resume: true, or pick another run_dir"
+        )
+    previous = _read_json(run_dir / "run.json")
     if not config.tiny and not has_model(config.model):
         raise TrainError(
             f"{config.model} holds no model (no config.json); add tiny: true to build a tiny one"
@@ -621,7 +634,14 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     transformers_logging.disable_progress_bar()  # the run's own progress bar is the one to watch
     from keraunos.serving import ModelLoadError, ModelServer, ServeConfig
     from keraunos.serving.tiny import build_tiny_model
-    from keraunos.training.backends.torch import PolicyLoadError, TorchTrainer, TorchTrainerConfig, step_dir
+    from keraunos.training.backends.torch import (
+        CheckpointError,
+        PolicyLoadError,
+        TorchTrainer,
+        TorchTrainerConfig,
+        latest_checkpoint,
+        step_dir,
+    )
 
     if config.tiny and not has_model(config.model):
         build_tiny_model(config.model, seed=config.seed)
@@ -631,22 +651,29 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
             child.check()
 
     try:
-        trainer = TorchTrainer(
-            TorchTrainerConfig(
-                model_path=config.model,
-                device=config.device,
-                lr=config.lr,
-                warmup_steps=config.warmup_steps,
-                weight_decay=config.weight_decay,
-                max_grad_norm=config.max_grad_norm,
-                micro_batch_size=config.micro_batch_size,
-                clip_low=config.clip_low,
-                clip_high=config.clip_high,
-                kl_coef=config.kl_coef,
-                seed=config.seed,
-                torch_threads=config.torch_threads,
-            )
+        trainer_config = TorchTrainerConfig(
+            model_path=config.model,
+            device=config.device,
+            lr=config.lr,
+            warmup_steps=config.warmup_steps,
+            weight_decay=config.weight_decay,
+            max_grad_norm=config.max_grad_norm,
+            micro_batch_size=config.micro_batch_size,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            kl_coef=config.kl_coef,
+            seed=config.seed,
+            torch_threads=config.torch_threads,
         )
+        if config.resume:
+            found = latest_checkpoint(checkpoints)
+            if found is None:
+                raise TrainError(
+                    f"nothing to resume: {checkpoints} holds no checkpoint; start afresh in another run_dir"
+                )
+            trainer = TorchTrainer.resume(found, trainer_config)
+        else:
+            trainer = TorchTrainer(trainer_config)
         server = ModelServer.from_config(
             ServeConfig(
                 model=config.model,
@@ -658,29 +685,40 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
                 torch_threads=config.torch_threads,
             )
         )
-    except (PolicyLoadError, ModelLoadError) as exc:
+        if trainer.global_step:
+            # Resumed: serve the checkpoint's weights, with the version they had.
+            server.load_weights(trainer.state_dict(), version=trainer.global_step)
+    except (PolicyLoadError, ModelLoadError, CheckpointError) as exc:
         raise TrainError(str(exc)) from None
     running = server.start()
     stack.callback(running.stop)
     target = WeightTarget(server, [running.endpoint])
     # Where the run's parts listen, for whoever wants to look while it runs (not the key).
+    collector_settings = collector_config(
+        config, gateway, key, run_id=config.run_id or previous.get("run_id", "")
+    )
     run_info = {
         "gateway": gateway,
         "endpoints": target.endpoints,
         "served_model_name": config.served_model_name,
+        "run_id": collector_settings.run_id,
     }
     (run_dir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n", encoding="utf-8")
 
     registry = EndpointRegistry(gateway, key, config.served_model_name)
+    if metrics_path.is_file():
+        # Steps after the checkpoint resumed from are run again: their old lines go.
+        kept = [line for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        kept = [line for line in kept if _record(line)["step"] < trainer.global_step]
+        metrics_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     sink = MetricsSink(
         run_dir, total_steps=config.steps, progress=config.progress, tensorboard=config.tensorboard
     )
     stack.callback(sink.close)
-    history: list[dict[str, float]] = []
     try:
         watch()
         await registry.register(target.endpoints, target.version)
-        async with RolloutCollector(collector_config(config, gateway, key)) as collector:
+        async with RolloutCollector(collector_settings) as collector:
             loop = TrainingLoop(
                 config,
                 collector=collector,
@@ -693,20 +731,42 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
                 if config.controller == "embedded"
                 else "the agents' logs",
             )
+            first = trainer.global_step
             source = endless_rows(rows, shuffle=config.shuffle, seed=config.seed)
-            for step in range(config.steps):
-                history.append(await loop.step(step, source))
+            # Resumed: the rows the earlier steps took (exact in sync mode) are skipped.
+            source = itertools.islice(source, first * config.batch_size, None)
+            for step in range(first, config.steps):
+                await loop.step(step, source)
                 if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-                    trainer.save_checkpoint(step_dir(run_dir / "checkpoints", trainer.global_step))
-        if not config.checkpoint_every or config.steps % config.checkpoint_every:
-            trainer.save_checkpoint(step_dir(run_dir / "checkpoints", trainer.global_step))
+                    _checkpoint(trainer, step_dir(checkpoints, trainer.global_step))
+        _checkpoint(trainer, step_dir(checkpoints, trainer.global_step))
     finally:
         await registry.unregister(target.endpoints)
         await registry.close()
+    history = [_record(line) for line in sink.path.read_text(encoding="utf-8").splitlines() if line.strip()]
     summary = summarize(history, time.perf_counter() - started)
     summary.update({"run_dir": str(run_dir), "metrics": str(sink.path), "gateway": gateway})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def _checkpoint(trainer: Any, path: Path) -> None:
+    """Save a checkpoint unless this step already has one (a skipped update keeps the step)."""
+    if not path.exists():
+        trainer.save_checkpoint(path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _record(line: str) -> dict[str, float]:
+    """A metrics.jsonl line back as floats (null, written for non-finite values, as NaN)."""
+    return {k: math.nan if v is None else float(v) for k, v in json.loads(line).items()}
 
 
 def run_training(config: TrainConfig) -> int:

@@ -145,6 +145,11 @@ class TrainConfig(LayeredSettings):
     device: str = Field(default="auto", description="Torch device of trainer and server: cpu, cuda, auto.")
     seed: int = Field(default=0, description="Seed of the trainer, the server's sampling and the shuffle.")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
+    resume: bool = Field(
+        default=False,
+        description="Continue the run in run_dir from its latest checkpoint (weights, optimizer, step; "
+        "the rollout ids continue); without it a run_dir holding an earlier run is refused.",
+    )
     checkpoint_every: int = Field(
         default=0, ge=0, description="Save a checkpoint every N steps (0: only after the last step)."
     )

@@ -140,7 +140,7 @@ def test_train_raises_a_learnable_reward_and_every_call_carries_the_version_it_w
         gateway.stop()
 
 
-def test_train_against_a_running_gateway_served_by_its_own_controller(
+def test_train_against_a_running_gateway_served_by_its_own_controller_and_resume_it(
     tmp_path: Path, agents_pythonpath: str
 ) -> None:
     gateway = start_gateway(tmp_path / "gateway", args=("--served-model", "policy"))
@@ -166,48 +166,40 @@ def test_train_against_a_running_gateway_served_by_its_own_controller(
     try:
         dataset = tmp_path / "prompts.jsonl"
         dataset.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
-        result = subprocess.run(
-            keraunos_command(
-                "train",
-                "--dataset",
-                str(dataset),
-                "--agent-class",
-                "digits_agent:DigitsAgent",
-                "--model",
-                str(tmp_path / "tiny"),
-                "--tiny",
-                "true",
-                "--gateway",
-                gateway.base_url,
-                "--key",
-                gateway.key,
-                "--controller",
-                "external",
-                "--run-dir",
-                str(tmp_path / "run"),
-                "--steps",
-                "1",
-                "--group-size",
-                "2",
-                "--batch-size",
-                "2",
-                "--poll-interval-s",
-                "0.1",
-                "--progress",
-                "false",
-            ),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=clean_env(),
-            cwd=tmp_path,
-            check=False,
-        )
+        flags = {
+            "dataset": str(dataset),
+            "agent-class": "digits_agent:DigitsAgent",
+            "model": str(tmp_path / "tiny"),
+            "tiny": "true",
+            "gateway": gateway.base_url,
+            "key": gateway.key,
+            "controller": "external",
+            "run-dir": str(tmp_path / "run"),
+            "group-size": "2",
+            "batch-size": "2",
+            "poll-interval-s": "0.1",
+            "progress": "false",
+        }
+
+        def train(**more: str) -> subprocess.CompletedProcess[str]:
+            args = [part for name, value in {**flags, **more}.items() for part in (f"--{name}", value)]
+            return subprocess.run(
+                keraunos_command("train", *args),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=clean_env(),
+                cwd=tmp_path,
+                check=False,
+            )
+
+        result = train(steps="1")
         assert result.returncode == 0, result.stderr[-3000:]
         (record,) = [
             json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
         ]
         assert record["version"] == 1 and record["collect/rollouts"] == 4
+        run_id = json.loads((tmp_path / "run" / "run.json").read_text())["run_id"]
         with gateway.client() as api:
             assert api.get("/api/models", params={"model": "policy"}).json() == []
             rollouts = api.get("/api/rollouts", params={"state_in": "succeeded"}).json()
@@ -217,6 +209,25 @@ def test_train_against_a_running_gateway_served_by_its_own_controller(
                 assert rollout["config"]["local"]["agent_class"] == "digits_agent:DigitsAgent"
                 assert rollout["config"]["local"]["env_map"] == {"AGENT_INPUT": "input"}
                 assert rollout["input"] in ({"prompt": "a"}, {"prompt": "b"})
+
+        # The same run directory again: refused, unless resumed.
+        again = train(steps="2")
+        assert again.returncode == 1
+        assert "holds an earlier run" in again.stderr.strip().splitlines()[-1]
+        resumed = train(steps="2", resume="true")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert [(r["step"], r["version"]) for r in records] == [(0, 1), (1, 2)]
+        assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-1", "step-2"]
+        with gateway.client() as api:
+            rollouts = api.get("/api/rollouts", params={"state_in": "succeeded"}).json()
+            # The resumed step's rollouts continue the run's ids, served by the checkpoint's version.
+            step1 = sorted(r["rollout_id"] for r in rollouts if r["metadata"]["batch_idx"] == 1)
+            assert step1 == [f"{run_id}.s1.i{i}.{k}" for i in range(2) for k in range(2)]
+            events = api.get(
+                f"/api/rollouts/{step1[0]}/events", params={"event_type": "model_request"}
+            ).json()
+            assert {e["data"]["model_version"] for e in events} == {1}
     finally:
         controller.terminate()
         controller.wait(15)
