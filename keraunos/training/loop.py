@@ -165,7 +165,9 @@ class MetricsSink:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                log.info("tensorboard is not installed; metrics go to metrics.jsonl only")
+                log.warning(
+                    "tensorboard is not installed (pip install tensorboard); metrics go to metrics.jsonl only"
+                )
             else:
                 self._writer = SummaryWriter(str(run_dir / "tensorboard"))
         self._progress: Any = None
