@@ -175,3 +175,12 @@ def test_the_dataset_is_seeded_and_every_answer_is_its_question_computed() -> No
         expression = row["question"].removeprefix("What is ").removesuffix("?")
         assert evaluate(expression) == row["answer"]
         assert isinstance(row["answer"], int)
+
+
+def test_the_example_train_config_is_a_valid_keraunos_train_config() -> None:
+    from pathlib import Path
+
+    from keraunos.training.train_config import TrainConfig
+
+    config = TrainConfig.load(None, Path(__file__).resolve().parents[2] / "examples" / "calc" / "train.yaml")
+    assert config.agent_class == "examples.calc.agent:CalcAgent" and config.input_env == "AGENT_INPUT"
