@@ -95,7 +95,7 @@ def start_agl_controller(
     gateway: Gateway, workdir: Path, args: argparse.Namespace
 ) -> subprocess.Popen[bytes]:
     cmd = [
-        str(Path(args.agl_venv) / "bin" / "agl-controller"),
+        str(Path(args.agl_venv).resolve() / "bin" / "agl-controller"),
         "runner_type=local",
         f"agl_server.url={gateway.base_url}",
         f"agl_server.key={gateway.key}",
