@@ -7,8 +7,6 @@ is ready when the function returns. No test framework is imported here; fixtures
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +18,12 @@ from typing import Any
 
 import httpx
 
+from keraunos._subprocess import free_port, kill_process, stop_process
+
+__all__ = ["free_port"]  # re-exported: tests and benchmarks take it from here
+
 #: Model name the engine stand-ins serve and the test gateways are configured with.
 SERVED_MODEL = "test/served-model"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def unique_id(prefix: str = "t") -> str:
@@ -79,22 +74,13 @@ class Gateway:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, grace: float = 10.0) -> int:
+    def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL if it has not exited after `grace` seconds; returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        return self.process.returncode
+        return stop_process(self.process, grace)
 
     def kill(self) -> None:
         """`kill -9`: no chance to flush or close anything."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(5)
+        kill_process(self.process)
 
     def register(self, engines: Sequence[Engine], *, model: str = SERVED_MODEL, version: int = 0) -> None:
         """Register each engine as an endpoint of `model`."""
@@ -175,9 +161,7 @@ class Engine:
         return self.stats()["last_request"]["body"]
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(5)
+        kill_process(self.process)
 
 
 def start_engine(workdir: Path, args: Sequence[str] = (), *, served_model: str = SERVED_MODEL) -> Engine:

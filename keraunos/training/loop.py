@@ -31,7 +31,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ import httpx
 import numpy as np
 import structlog
 
+from keraunos._subprocess import free_port, stop_process
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages
 from keraunos.training.collect import CollectedBatch, CollectorConfig, RolloutCollector
 from keraunos.training.train_config import TrainConfig
@@ -440,19 +440,7 @@ class Child:
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        stop_process(self.process, grace)
 
 
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -489,7 +477,7 @@ def start_gateway(config: TrainConfig, run_dir: Path, key: str) -> tuple[str, Ch
     logs = run_dir / "logs"
     last = ""
     for _ in range(3):  # the free port may be taken before the gateway binds it
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         args = _flags(
             host="127.0.0.1",

@@ -9,7 +9,6 @@ Every time constant is short: polls of 0.1 s, leases of a few seconds.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from keraunos._subprocess import kill_process, stop_process
 from keraunos.testing.processes import SERVED_MODEL, Gateway, clean_env, keraunos_command
 
 AGENTS_DIR = Path(__file__).resolve().parent / "agents"
@@ -62,22 +62,13 @@ class Controller:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, grace: float = 15.0) -> int:
+    def stop(self, grace: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL after `grace` seconds; the exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        return self.process.returncode
+        return stop_process(self.process, grace)
 
     def kill(self) -> None:
         """`kill -9`: the controller gets no chance to stop its agents."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(5)
+        kill_process(self.process)
 
 
 StartController = Callable[..., Controller]

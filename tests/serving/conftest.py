@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from keraunos._subprocess import stop_process
 from keraunos.testing.processes import clean_env, free_port, keraunos_command
 
 TINY_NAME = "tiny/served"
@@ -58,13 +59,7 @@ class ServeProcess:
         return f"{self.base_url}/v1"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, 10)
 
 
 def start_serve(workdir: Path, *args: str, ready_timeout: float = 90.0) -> ServeProcess:

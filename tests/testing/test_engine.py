@@ -6,7 +6,6 @@ Every test but the tokenizer property talks HTTP to a real `keraunos engine-mock
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from keraunos._subprocess import free_port, stop_process
 from keraunos.testing._engine_tokens import Tokenizer
 
 MODEL = "test/engine-model"
@@ -65,13 +65,7 @@ class Engine:
 
     def stop(self) -> None:
         self.http.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, 10)
 
 
 def _events(text: str) -> list[Any]:
@@ -84,19 +78,13 @@ def _events(text: str) -> list[Any]:
     return events
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_engine(workdir: Path, args: Sequence[str] = ()) -> Engine:
     """`keraunos engine-mock` on a free loopback port, once `/health` answers."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERAUNOS_")}
     log_path = workdir / "engine.log"
     for _ in range(3):  # the port can be taken between choosing it and binding it
-        port = _free_port()
+        port = free_port()
         log_path = workdir / f"engine-{port}.log"
         cmd = [sys.executable, "-m", "keraunos.cli", "engine-mock", "--port", str(port), *args]
         with log_path.open("wb") as log:
