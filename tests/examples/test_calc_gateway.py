@@ -29,7 +29,6 @@ from keraunos.testing.processes import (
     unique_id,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_TURNS = 3
 
 
@@ -56,12 +55,12 @@ def controller(served: tuple[Gateway, Engine], tmp_path: Path) -> Iterator[subpr
         "controller",
         "--gateway", gateway.base_url,
         "--key", gateway.key,
-        "--agent-class", "examples.calc.agent:CalcAgent",
+        "--agent-class", "keraunos.examples.calc.agent:CalcAgent",
         "--poll-interval-s", "0.1",
         "--state-dir", str(tmp_path / "state"),
         "--log-dir", str(tmp_path / "logs"),
     )  # fmt: skip
-    env = clean_env({"PYTHONPATH": str(REPO_ROOT), "CALC_MAX_TURNS": str(MAX_TURNS)})
+    env = clean_env({"CALC_MAX_TURNS": str(MAX_TURNS)})  # the agent is part of the installed package
     with log_path.open("wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     yield process
@@ -126,7 +125,7 @@ def test_each_rollout_records_every_turn_through_the_gateway_and_the_agents_rewa
 def test_the_command_line_runs_the_agent_against_any_openai_compatible_server(
     served: tuple[Gateway, Engine], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from examples.calc.__main__ import main
+    from keraunos.examples.calc.__main__ import main
 
     _, engine = served
     before = engine.stats()["requests"]

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from examples.calc.agent import REMINDER, Episode, TaskError, read_task, reward_of, solve
-from examples.calc.dataset import generate
-from examples.calc.protocol import (
+from keraunos.examples.calc.agent import REMINDER, Episode, TaskError, read_task, reward_of, solve
+from keraunos.examples.calc.dataset import generate
+from keraunos.examples.calc.protocol import (
     CalcCall,
     CalcError,
     FinalAnswer,
@@ -183,4 +183,6 @@ def test_the_example_train_config_is_a_valid_keraunos_train_config() -> None:
     from keraunos.training.train_config import TrainConfig
 
     config = TrainConfig.load(None, Path(__file__).resolve().parents[2] / "examples" / "calc" / "train.yaml")
-    assert config.agent_class == "examples.calc.agent:CalcAgent" and config.input_env == "AGENT_INPUT"
+    assert (
+        config.agent_class == "keraunos.examples.calc.agent:CalcAgent" and config.input_env == "AGENT_INPUT"
+    )

@@ -1,7 +1,7 @@
 """Run the calc agent against any OpenAI-compatible server, outside keraunos.
 
-    python -m examples.calc --base-url http://127.0.0.1:8000/v1 --model NAME --question "What is 12*7?" --answer 84
-    python -m examples.calc --base-url http://127.0.0.1:8000/v1 --model NAME --dataset calc.jsonl --limit 20
+    python -m keraunos.examples.calc --base-url http://127.0.0.1:8000/v1 --model NAME --question "What is 12*7?" --answer 84
+    python -m keraunos.examples.calc --base-url http://127.0.0.1:8000/v1 --model NAME --dataset calc.jsonl --limit 20
 
 Prints each conversation (with --verbose) and the accuracy. No reward is posted: that happens only
 inside a rollout (`CalcAgent`).
@@ -14,12 +14,14 @@ import json
 import os
 import sys
 
-from examples.calc.agent import openai_chat, reward_of, solve
+from keraunos.examples.calc.agent import openai_chat, reward_of, solve
 
 
 def main(argv: list[str] | None = None) -> int:
     """Solve one question or the first rows of a JSONL dataset; exit status 0."""
-    parser = argparse.ArgumentParser(prog="python -m examples.calc", description="Run the calc agent.")
+    parser = argparse.ArgumentParser(
+        prog="python -m keraunos.examples.calc", description="Run the calc agent."
+    )
     parser.add_argument("--base-url", required=True, help="OpenAI base URL, with /v1")
     parser.add_argument("--model", required=True, help="model name the server knows")
     parser.add_argument(

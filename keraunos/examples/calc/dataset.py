@@ -1,6 +1,6 @@
 """Seeded arithmetic questions for the calc agent, as JSONL rows `{"id", "question", "answer"}`.
 
-    python -m examples.calc.dataset --rows 200 --seed 0 --out calc.jsonl
+    python -m keraunos.examples.calc.dataset --rows 200 --seed 0 --out calc.jsonl
 
 Each question combines 2 to `max_operands` integers in [0, `max_value`] with + - * and exact
 division (a divisor is only used when it divides evenly), so every answer is an integer. The
@@ -15,7 +15,7 @@ import random
 import sys
 from collections.abc import Iterator
 
-from examples.calc.protocol import evaluate
+from keraunos.examples.calc.protocol import evaluate
 
 
 def make_question(rng: random.Random, *, max_operands: int = 2, max_value: int = 99) -> tuple[str, int]:
@@ -52,7 +52,8 @@ def generate(rows: int, *, seed: int = 0, max_operands: int = 2, max_value: int 
 def main(argv: list[str] | None = None) -> int:
     """Write the rows to `--out` (default: standard output)."""
     parser = argparse.ArgumentParser(
-        prog="python -m examples.calc.dataset", description="Write seeded arithmetic questions as JSONL."
+        prog="python -m keraunos.examples.calc.dataset",
+        description="Write seeded arithmetic questions as JSONL.",
     )
     parser.add_argument("--rows", type=int, default=200, help="number of questions (default 200)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

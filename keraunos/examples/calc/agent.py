@@ -3,7 +3,7 @@
 `solve` is the conversation loop with the model behind a plain function (messages in, reply text
 out), so it runs against anything: a keraunos rollout, any OpenAI-compatible server, a test script.
 `CalcAgent.run()` is the rollout entry point (`config.local.agent_class =
-"examples.calc.agent:CalcAgent"`): it reads its task from `AGENT_INPUT` (the rollout's input, a JSON
+"keraunos.examples.calc.agent:CalcAgent"`): it reads its task from `AGENT_INPUT` (the rollout's input, a JSON
 object with `question` and `answer`), talks to the model through `AGL_OPENAI_BASE_URL` with the
 official `openai` client, and posts reward 1.0 for an exactly right final answer, 0.0 otherwise.
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from examples.calc.protocol import CalcCall, FinalAnswer, is_correct, parse_reply, tool_result
+from keraunos.examples.calc.protocol import CalcCall, FinalAnswer, is_correct, parse_reply, tool_result
 
 #: The environment variable holding the rollout's input (see `keraunos train`'s `input_env`).
 INPUT_ENV = "AGENT_INPUT"
