@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from keraunos.testing.postgres import PostgresServer, postgres_missing, start_postgres
 from keraunos.testing.processes import (
     SERVED_MODEL,
     TEST_KEY,
@@ -108,6 +109,23 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
 def free_port_fixture() -> Callable[[], int]:
     """`free_port()`: a TCP port on 127.0.0.1 that nothing listens on right now."""
     return free_port
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One real PostgreSQL 15 server for the run (skips, saying why, where its binaries are absent)."""
+    reason = postgres_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_dsn(postgres: PostgresServer) -> str:
+    """The DSN of a fresh, empty database on the shared server, private to this test."""
+    return postgres.create_database()
 
 
 StartEngine = Callable[..., Engine]
