@@ -13,6 +13,18 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from keraunos.ledger._attempt_rules import (
+    ATTEMPT_COLUMNS,
+    after_attempt,
+    attempt_from_row,
+    decides,
+    expired,
+    lost_reason,
+    refusal,
+)
+from keraunos.ledger._attempt_rules import FINISHED as _FINISHED
+from keraunos.ledger._attempt_rules import RUNNING as _RUNNING
+from keraunos.ledger._attempt_rules import Target as _Target
 from keraunos.ledger._codec import decode_json
 from keraunos.ledger.errors import AttemptConflict, AttemptNotFound, RolloutNotFound
 from keraunos.protocol import (
@@ -22,13 +34,9 @@ from keraunos.protocol import (
     RolloutConfig,
     RolloutState,
     failure_summary,
-    max_attempts_of,
-    retry_backoff_of,
 )
 
-ATTEMPT_COLUMNS = (
-    "attempt_id, state, controller, started_at, ended_at, outcome, exit_code, reason, lease_expires_at"
-)
+__all__ = ["ATTEMPT_COLUMNS", "attempt_from_row"]  # re-exported: older callers import them from here
 _SELECT_ATTEMPTS = (
     f"SELECT {ATTEMPT_COLUMNS} FROM attempts "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) ORDER BY seq"
@@ -38,24 +46,6 @@ _SELECT_ATTEMPT = (
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ?"
 )
 _TERMINAL_POSITION = "(SELECT value FROM counters WHERE name = 'terminal_positions') + 1"
-
-_RUNNING = AttemptState.RUNNING.value
-_FINISHED = AttemptState.FINISHED.value
-
-
-def attempt_from_row(row: tuple[Any, ...]) -> AttemptDetail:
-    """An `AttemptDetail` from a row of `ATTEMPT_COLUMNS`."""
-    return AttemptDetail(
-        id=row[0],
-        state=AttemptState(row[1]),
-        controller=row[2],
-        started_at=row[3],
-        ended_at=row[4],
-        outcome=None if row[5] is None else AttemptOutcome(row[5]),
-        exit_code=row[6],
-        reason=row[7],
-        lease_expires_at=row[8],
-    )
 
 
 def list_attempts(conn: sqlite3.Connection, rollout_id: str) -> list[AttemptDetail]:
@@ -128,23 +118,6 @@ def claim(
 # -- heartbeat, finish, sweep ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """A rollout and one of its attempts, as an attempt operation needs them."""
-
-    pk: int
-    rollout_id: str
-    state: str
-    last_attempt_id: str | None
-    config: bytes
-    attempt_id: str
-    attempt_state: str
-    controller: str | None
-    lease_seconds: float
-    lease_expires_at: float | None
-    outcome: str | None
-
-
 def _target(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> _Target:
     row = conn.execute(
         "SELECT r.id, r.state, r.last_attempt_id, r.config, a.attempt_id, a.state, a.controller, "
@@ -160,31 +133,9 @@ def _target(conn: sqlite3.Connection, rollout_id: str, attempt_id: str) -> _Targ
     return _Target(row[0], rollout_id, *row[1:])
 
 
-def _refusal(target: _Target, controller_id: str | None) -> str | None:
-    """Why a live attempt may not heartbeat or finish (without the lease check), or None."""
-    if target.attempt_state != _RUNNING:
-        return f"the attempt already ended ({_ended_as(target)})"
-    if target.last_attempt_id != target.attempt_id:
-        return f"the attempt was replaced by attempt {target.last_attempt_id!r}"
-    if controller_id is not None and controller_id != target.controller:
-        return f"the attempt is held by controller {target.controller!r}, not {controller_id!r}"
-    return None
-
-
-def _ended_as(target: _Target) -> str:
-    return target.outcome if target.outcome is not None else target.attempt_state
-
-
-def _expired(target: _Target, now: float) -> bool:
-    return target.lease_expires_at is not None and target.lease_expires_at <= now
-
-
 def _lose(conn: sqlite3.Connection, target: _Target, now: float) -> bool:
     """Finish an attempt whose lease expired as `lost`; whether the rollout became terminal."""
-    reason = (
-        f"lease expired: no heartbeat from controller {target.controller!r} within {target.lease_seconds:g} s"
-    )
-    return _end(conn, target, AttemptOutcome.LOST, None, reason, now)
+    return _end(conn, target, AttemptOutcome.LOST, None, lost_reason(target), now)
 
 
 def heartbeat(
@@ -197,10 +148,10 @@ def heartbeat(
 ) -> AttemptDetail | AttemptConflict:
     """Renew the lease of the current live attempt (see `Ledger.heartbeat_attempt`)."""
     target = _target(conn, rollout_id, attempt_id)
-    why = _refusal(target, controller_id)
+    why = refusal(target, controller_id)
     if why is not None:
         return AttemptConflict(rollout_id, attempt_id, why)
-    if _expired(target, now):
+    if expired(target, now):
         _lose(conn, target, now)
         return AttemptConflict(rollout_id, attempt_id, "its lease expired; it was finished as lost")
     length = lease_seconds if lease_seconds is not None else target.lease_seconds
@@ -235,10 +186,10 @@ def finish(
     if target.attempt_state == _FINISHED and target.outcome == outcome.value:
         # A repeated finish (its first answer was lost): the same answer, nothing changes.
         return Finished(_attempt(conn, target), became_terminal=False)
-    why = _refusal(target, controller_id)
+    why = refusal(target, controller_id)
     if why is not None:
         return AttemptConflict(rollout_id, attempt_id, why)
-    if _expired(target, now) and outcome != AttemptOutcome.LOST:
+    if expired(target, now) and outcome != AttemptOutcome.LOST:
         _lose(conn, target, now)
         return AttemptConflict(rollout_id, attempt_id, "its lease expired; it was finished as lost")
     terminal = _end(conn, target, outcome, exit_code, reason, now)
@@ -283,17 +234,16 @@ def _end(
         "lease_expires_at = NULL WHERE rollout = ? AND attempt_id = ?",
         (_FINISHED, outcome.value, exit_code, reason, now, target.pk, target.attempt_id),
     )
-    if target.state != RolloutState.RUNNING.value or target.last_attempt_id != target.attempt_id:
+    if not decides(target):
         return False
     if outcome == AttemptOutcome.SUCCEEDED:
         _make_terminal(conn, target.pk, RolloutState.SUCCEEDED, None, now)
         return True
     config = RolloutConfig.model_validate(decode_json(target.config))
     (attempts,) = conn.execute("SELECT count(*) FROM attempts WHERE rollout = ?", (target.pk,)).fetchone()
-    if attempts < max_attempts_of(config):
-        conn.execute(
-            "UPDATE rollouts SET retry_at = ? WHERE id = ?", (now + retry_backoff_of(config), target.pk)
-        )
+    decision = after_attempt(outcome, config, attempts, now)
+    if not isinstance(decision, RolloutState):  # a retry time
+        conn.execute("UPDATE rollouts SET retry_at = ? WHERE id = ?", (decision, target.pk))
         return False
     details = [
         attempt_from_row(row)

@@ -16,7 +16,6 @@ import asyncio
 import functools
 import operator
 import os
-import secrets
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -25,7 +24,16 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from keraunos.ledger import _sqlite_attempts as attempts
-from keraunos.ledger._codec import decode_json, encode_json, encode_model_request
+from keraunos.ledger._codec import encode_json, encode_model_request
+from keraunos.ledger._rows import (
+    PATCHABLE,
+    ROLLOUT_COLUMNS,
+    created_rollout,
+    fresh_rollout_id,
+    insert_values,
+    transition_sources,
+)
+from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
 from keraunos.ledger._sqlite_events import (
     MODEL_REQUEST,
     ContextCache,
@@ -50,16 +58,11 @@ from keraunos.protocol import (
     AttemptOutcome,
     Model,
     Rollout,
-    RolloutConfig,
     RolloutCreate,
-    RolloutMetadata,
     RolloutState,
-    RolloutStatus,
     RolloutStatusPatch,
     TerminalItem,
     TerminalPage,
-    can_transition,
-    data_id_of,
 )
 
 Durability = Literal["normal", "full"]
@@ -68,10 +71,7 @@ T = TypeVar("T")
 
 _BUSY_TIMEOUT_MS = 10_000
 
-_ROLLOUT_COLUMNS = (
-    "rollout_id, input, is_train, config, metadata, state, k8s_job_name, last_attempt_id, "
-    "error_message, version, created_at, updated_at"
-)
+_ROLLOUT_COLUMNS = ROLLOUT_COLUMNS
 _SELECT_ROLLOUT = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?"
 _SELECT_ROLLOUTS_IN_STATE = f"SELECT id, {_ROLLOUT_COLUMNS} FROM rollouts WHERE state = ? ORDER BY id LIMIT ?"
 _INSERT_ROLLOUT = (
@@ -93,11 +93,6 @@ _SELECT_EVENTS_OF_TYPE = (
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ? "
     "AND event_type = ? ORDER BY id"
 )
-
-_DEFAULT_CONFIG_JSON = encode_json(RolloutConfig().model_dump())
-
-#: Status fields a patch may set besides `state`.
-_PATCHABLE = ("k8s_job_name", "last_attempt_id", "error_message")
 
 
 class SqliteLedger(Ledger):
@@ -524,41 +519,20 @@ _GROUP_ID = (
 
 
 def _create_one(conn: sqlite3.Connection, item: RolloutCreate, now: float) -> Rollout:
-    if item.config is None:
-        config, config_json = RolloutConfig(), _DEFAULT_CONFIG_JSON
-    else:
-        config, config_json = item.config, encode_json(item.config.model_dump())
-    metadata = item.metadata if item.metadata is not None else RolloutMetadata()
-    params = [
-        item.rollout_id,
-        encode_json({"input": item.input}),  # the codec's exact JSON takes objects only
-        item.is_train,
-        config_json,
-        encode_json(metadata.model_dump()),  # python mode: NaN stays NaN, as the codec keeps it
-        data_id_of(item.input),
-        now,
-        now,
-    ]
+    params = insert_values(item, now)
     while True:
         if item.rollout_id is None:
-            params[0] = f"ro-{secrets.token_hex(8)}"
+            params[0] = fresh_rollout_id()
         if conn.execute(_INSERT_ROLLOUT, params).rowcount == 1:
             break
         if item.rollout_id is not None:  # idempotent: the existing rollout, untouched
             return _rollout_from_row(conn.execute(_SELECT_ROLLOUT, (item.rollout_id,)).fetchone())
         # A fresh random id that is taken already: draw another.
-    return Rollout(
-        rollout_id=params[0],
-        input=item.input,
-        is_train=item.is_train,
-        config=config,
-        metadata=metadata,
-        status=RolloutStatus(created_at=now, updated_at=now),
-    )
+    return created_rollout(item, params[0], now)
 
 
 def _patch_one(conn: sqlite3.Connection, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
-    fields = tuple(name for name in _PATCHABLE if name in patch.model_fields_set)
+    fields = tuple(name for name in PATCHABLE if name in patch.model_fields_set)
     target = patch.state  # an explicit null state means "leave it", like an omitted one
     if target is None and not fields:
         row = conn.execute(_SELECT_ROLLOUT, (rollout_id,)).fetchone()
@@ -591,7 +565,7 @@ def _patch_sql(fields: tuple[str, ...], target: RolloutState | None) -> str:
     where = "rollout_id = :rollout_id"
     if target is not None:
         sets.append("state = :state")
-        sources = ", ".join(f"'{s.value}'" for s in RolloutState if can_transition(s, target))
+        sources = ", ".join(f"'{s}'" for s in transition_sources(target))
         where += f" AND state IN ({sources})"
         if target in TERMINAL_STATES:
             sets.append(f"terminal_pos = ({_CURRENT_TERMINAL_POSITION}) + 1")
@@ -601,37 +575,6 @@ def _patch_sql(fields: tuple[str, ...], target: RolloutState | None) -> str:
         sets.append("retry_at = NULL")
     sets += ["version = version + 1", "updated_at = :now"]
     return f"UPDATE rollouts SET {', '.join(sets)} WHERE {where} RETURNING {_ROLLOUT_COLUMNS}"
-
-
-# -- rows -> wire models -----------------------------------------------------------------------------
-# `model_validate` of plain dicts, not `model_construct`: measured on pydantic 2.14, validating a
-# whole Rollout from parsed JSON (~12 us) is about twice as fast as constructing its four nested
-# models without validation, and it checks what comes off the disk as well.
-
-
-def _status_from_row(row: tuple[Any, ...]) -> dict[str, Any]:
-    return {
-        "state": row[5],
-        "k8s_job_name": row[6],
-        "last_attempt_id": row[7],
-        "error_message": row[8],
-        "version": row[9],
-        "created_at": row[10],
-        "updated_at": row[11],
-    }
-
-
-def _rollout_from_row(row: tuple[Any, ...]) -> Rollout:
-    return Rollout.model_validate(
-        {
-            "rollout_id": row[0],
-            "input": decode_json(row[1])["input"],
-            "is_train": bool(row[2]),
-            "config": decode_json(row[3]),
-            "metadata": decode_json(row[4]),
-            "status": _status_from_row(row),
-        }
-    )
 
 
 def _event_rows(

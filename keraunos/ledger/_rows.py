@@ -1,0 +1,139 @@
+"""Rollout rows as every ledger backend stores them, and their wire models.
+
+SQLite and PostgreSQL keep a rollout in the same columns (`ROLLOUT_COLUMNS`): the input, config and
+metadata as the codec's exact JSON, the status fields as plain columns. This module turns a
+`RolloutCreate` into those values and a row back into a `Rollout`, and says which states a patch
+may move a rollout out of, so the backends differ only in their SQL.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any
+
+import orjson
+
+from keraunos.ledger._codec import decode_json, encode_json
+from keraunos.protocol import (
+    Rollout,
+    RolloutConfig,
+    RolloutCreate,
+    RolloutMetadata,
+    RolloutState,
+    RolloutStatus,
+    can_transition,
+    data_id_of,
+)
+
+ROLLOUT_COLUMNS = (
+    "rollout_id, input, is_train, config, metadata, state, k8s_job_name, last_attempt_id, "
+    "error_message, version, created_at, updated_at"
+)
+
+#: Status fields a patch may set besides `state`.
+PATCHABLE = ("k8s_job_name", "last_attempt_id", "error_message")
+
+_DEFAULT_CONFIG_JSON = encode_json(RolloutConfig().model_dump())
+
+
+def fresh_rollout_id() -> str:
+    """A random rollout id for an item that came without one."""
+    return f"ro-{secrets.token_hex(8)}"
+
+
+def insert_values(item: RolloutCreate, now: float) -> list[Any]:
+    """(rollout_id, input, is_train, config, metadata, data_id, created_at, updated_at) of a new row.
+
+    `rollout_id` is the item's, None when it has none (the caller draws one with
+    `fresh_rollout_id`).
+    """
+    config_json = _DEFAULT_CONFIG_JSON if item.config is None else encode_json(item.config.model_dump())
+    metadata = item.metadata if item.metadata is not None else RolloutMetadata()
+    return [
+        item.rollout_id,
+        encode_json({"input": item.input}),  # the codec's exact JSON takes objects only
+        item.is_train,
+        config_json,
+        encode_json(metadata.model_dump()),  # python mode: NaN stays NaN, as the codec keeps it
+        data_id_of(item.input),
+        now,
+        now,
+    ]
+
+
+def created_rollout(item: RolloutCreate, rollout_id: str, now: float) -> Rollout:
+    """The rollout a fresh insert of `item` stored, without reading it back."""
+    return Rollout(
+        rollout_id=rollout_id,
+        input=item.input,
+        is_train=item.is_train,
+        config=item.config if item.config is not None else RolloutConfig(),
+        metadata=item.metadata if item.metadata is not None else RolloutMetadata(),
+        status=RolloutStatus(created_at=now, updated_at=now),
+    )
+
+
+def group_id_of(metadata: RolloutMetadata | None) -> str | None:
+    """`metadata.data_id` as the terminal cursor's `group_id`, the way SQLite's `json_extract` reads it.
+
+    A string is itself, a number its decimal text, a boolean "1" or "0", a list or object its
+    compact JSON; null, a missing key or a value with NaN or an infinity (not JSON) gives None.
+    """
+    if metadata is None:
+        return None
+    value = metadata.model_dump().get("data_id")
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value) if -(2**63) <= value < 2**63 else str(float(value))
+    if isinstance(value, float):
+        return str(value) if math.isfinite(value) else None
+    try:
+        return orjson.dumps(value).decode() if _finite(value) else None
+    except TypeError:
+        return None
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def transition_sources(target: RolloutState) -> tuple[str, ...]:
+    """The states a rollout may move to `target` from (the state machine of PROTOCOL.md)."""
+    return tuple(s.value for s in RolloutState if can_transition(s, target))
+
+
+def rollout_from_row(row: Any) -> Rollout:
+    """A `Rollout` from a row of `ROLLOUT_COLUMNS` (a tuple or a record indexed the same way).
+
+    `model_validate` of plain dicts, not `model_construct`: measured on pydantic 2.14, validating a
+    whole Rollout from parsed JSON (~12 us) is about twice as fast as constructing its four nested
+    models without validation, and it checks what comes off the disk as well.
+    """
+    return Rollout.model_validate(
+        {
+            "rollout_id": row[0],
+            "input": decode_json(row[1])["input"],
+            "is_train": bool(row[2]),
+            "config": decode_json(row[3]),
+            "metadata": decode_json(row[4]),
+            "status": {
+                "state": row[5],
+                "k8s_job_name": row[6],
+                "last_attempt_id": row[7],
+                "error_message": row[8],
+                "version": row[9],
+                "created_at": row[10],
+                "updated_at": row[11],
+            },
+        }
+    )
