@@ -27,6 +27,7 @@ from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
 from keraunos.gateway.proxy import CacheInvalidation, ProxyState, proxy_lifespan
 from keraunos.gateway.proxy import router as proxy_router
+from keraunos.gateway.replicas import Coordination
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import (
     AttemptConflict,
@@ -41,11 +42,13 @@ log = structlog.get_logger("keraunos.gateway")
 _HEALTHZ = b'{"status":"ok"}'
 
 
-def create_app(config: GatewayConfig, ledger: Ledger) -> FastAPI:
+def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination | None = None) -> FastAPI:
     """The gateway app serving PROTOCOL.md's `/api` and `/proxy` over `ledger` (which the caller
-    opens and closes). Its lifespan opens the proxy's HTTP client and drains proxy calls on shutdown."""
+    opens and closes). Its lifespan opens the proxy's HTTP client and drains proxy calls on shutdown.
+    `coordination` shares pause/drain with other replicas of the ledger (default: this process only;
+    see `keraunos.gateway.replicas.coordination_for`)."""
     metrics = GatewayMetrics()  # this app's own registry, served at /metrics
-    proxy = ProxyState(config, ledger, metrics)
+    proxy = ProxyState(config, ledger, metrics, coordination)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import ConfigError, LayeredSettings
@@ -126,6 +126,41 @@ class GatewayConfig(LayeredSettings):
         ge=0.0,
         description="On SIGTERM, how long in-flight requests (proxied model calls) may take to finish.",
     )
+    replica_heartbeat_interval_s: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="PostgreSQL ledger (several replicas): how often this replica writes its heartbeat "
+        "and in-flight count, and re-reads the cluster pause.",
+    )
+    replica_heartbeat_timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        description="PostgreSQL ledger: a replica not seen for this long is dead (its in-flight count and "
+        "pause acknowledgement stop counting); a replica that has not reached the database for this "
+        "long refuses proxy calls (503). Must exceed --replica-heartbeat-interval-s.",
+    )
+    pause_ack_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="PostgreSQL ledger: how long POST /proxy/pause and /proxy/resume wait for every live "
+        "replica to acknowledge before answering 503 with the replicas that did not.",
+    )
+    replica_publish_interval_s: float = Field(
+        default=0.01,
+        ge=0.0,
+        description="PostgreSQL ledger: while paused, how soon a replica writes its changed in-flight "
+        "count (changes within it go out as one write); also how often a pause checks acknowledgements.",
+    )
+
+    @model_validator(mode="after")
+    def _heartbeat_fits_timeout(self) -> GatewayConfig:
+        if self.replica_heartbeat_timeout_s <= self.replica_heartbeat_interval_s:
+            raise ValueError(
+                f"replica_heartbeat_timeout_s ({self.replica_heartbeat_timeout_s:g}) must exceed "
+                f"replica_heartbeat_interval_s ({self.replica_heartbeat_interval_s:g}), or live replicas "
+                "would be counted dead between heartbeats"
+            )
+        return self
 
     @field_validator("durability", "log_level", mode="before")
     @classmethod

@@ -46,6 +46,7 @@ from keraunos.gateway.proxy.stream import (
     is_usage_only,
 )
 from keraunos.gateway.proxy.upstream import Answer, Failure, Opened, Progress, call_upstream, describe
+from keraunos.gateway.replicas import NotAcknowledged
 from keraunos.ledger.errors import LedgerUnavailable, RolloutNotFound
 from keraunos.protocol import Model
 
@@ -95,6 +96,8 @@ async def model_call(request: Request, rollout_id: str, attempt_id: str, mode: s
     pause = state.pause
     if pause.paused:
         return _paused(state)
+    if pause.fenced():
+        return _fenced()
     pause.admit()
     handed_over = False
     try:
@@ -502,30 +505,38 @@ async def pause(request: Request) -> Response:
             error["loc"] = ("body", *error["loc"])
         raise RequestValidationError(errors) from None
     state = proxy_state(request)
-    retry_after = float(body.retry_after_seconds)
-    state.pause.retry_after_seconds = int(retry_after) if retry_after.is_integer() else retry_after
-    state.pause.reason = body.reason
-    state.pause.paused = True
-    return _state_response(state)
+    try:
+        answer = await state.coordination.request_pause(float(body.retry_after_seconds), body.reason)
+    except NotAcknowledged as exc:
+        return _not_acknowledged(exc)
+    return Response(orjson.dumps(answer), media_type=_JSON)
 
 
 @router.post("/resume", include_in_schema=False)
 async def resume(request: Request) -> Response:
     """Admit model calls again."""
-    state = proxy_state(request)
-    state.pause.paused = False
-    state.pause.reason = None
-    return _state_response(state)
+    try:
+        body = await proxy_state(request).coordination.request_resume()
+    except NotAcknowledged as exc:
+        return _not_acknowledged(exc)
+    return Response(orjson.dumps(body), media_type=_JSON)
 
 
 @router.get("/state", include_in_schema=False)
 async def pause_state(request: Request) -> Response:
     """`{"paused", "retry_after_seconds", "reason", "inflight"}`: a trainer waits for inflight 0."""
-    return _state_response(proxy_state(request))
+    body = await proxy_state(request).coordination.state()
+    return Response(orjson.dumps(body), media_type=_JSON)
 
 
-def _state_response(state: ProxyState) -> Response:
-    return Response(orjson.dumps(state.pause.as_dict()), media_type=_JSON)
+def _not_acknowledged(exc: NotAcknowledged) -> Response:
+    """503: the pause (or resume) stands, but these live replicas have not applied it yet."""
+    body = {
+        "detail": str(exc),
+        "error": {"message": str(exc), "source": "gateway", "attempts": 0},
+        "unacknowledged": list(exc.waiting),
+    }
+    return Response(orjson.dumps(body), status_code=503, media_type=_JSON)
 
 
 # -- responses -------------------------------------------------------------------------------------
@@ -558,6 +569,17 @@ _NOT_FOUND = b'{"detail":"Not Found"}'
 
 def _not_found() -> Response:
     return Response(_NOT_FOUND, status_code=404, media_type=_JSON)
+
+
+def _fenced() -> Response:
+    """503: this replica lost touch with the others (database), so it cannot know whether they paused."""
+    response = gateway_error(
+        503,
+        "This gateway replica cannot reach the shared ledger to learn whether the gateways are "
+        "paused, so it admits no model call; retry shortly (possibly through another replica)",
+    )
+    response.headers["Retry-After"] = "1"
+    return response
 
 
 def _paused(state: ProxyState) -> Response:

@@ -1,17 +1,16 @@
 """The proxy's per-app state (on `app.state.proxy`) and its lifespan: HTTP client, pause, drain.
 
-Nothing here is a module global, so two gateways can run in one process.
+Nothing here is a module global, so two gateways can run in one process. The pause itself belongs
+to the app's `Coordination` (`keraunos.gateway.replicas`): in memory for one gateway, shared
+through PostgreSQL by replicas of one ledger; `ProxyState.pause` is its admission state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import structlog
@@ -22,55 +21,36 @@ from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts
 from keraunos.gateway.proxy.disconnect import WatchScheduler
 from keraunos.gateway.proxy.routing import Cooldowns
 from keraunos.gateway.proxy.upstream import RetryPolicy
+from keraunos.gateway.replicas import Coordination, LocalCoordination, Pause
 from keraunos.ledger.base import Ledger
+
+__all__ = ["Pause", "ProxyState", "proxy_lifespan"]
 
 log = structlog.get_logger("keraunos.gateway.proxy")
 
 
-@dataclass(slots=True)
-class Pause:
-    """Whether new proxy calls are refused (429), and how many admitted calls are still running."""
-
-    paused: bool = False
-    retry_after_seconds: float = 5
-    reason: str | None = None
-    inflight: int = 0
-    #: Set when `inflight` drops to 0, while someone waits for that (`ProxyState.drain`).
-    idle: asyncio.Event | None = None
-
-    def admit(self) -> None:
-        self.inflight += 1
-
-    def release(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0 and self.idle is not None:
-            self.idle.set()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "paused": self.paused,
-            "retry_after_seconds": self.retry_after_seconds,
-            "reason": self.reason,
-            "inflight": self.inflight,
-        }
-
-    @property
-    def retry_after_header(self) -> str:
-        """`Retry-After` takes whole seconds: round up so a client never comes back too early."""
-        return str(math.ceil(self.retry_after_seconds))
-
-
 class ProxyState:
-    """Everything the proxy routes share: config, caches, endpoint health, pause, metrics, the HTTP client."""
+    """Everything the proxy routes share: config, caches, endpoint health, pause, metrics, the HTTP client.
 
-    def __init__(self, config: GatewayConfig, ledger: Ledger, metrics: GatewayMetrics | None = None) -> None:
+    Endpoint health (`cooldowns`) is this process's own: each replica learns an endpoint failed from
+    its own calls (see docs/scale-out.md).
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        ledger: Ledger,
+        metrics: GatewayMetrics | None = None,
+        coordination: Coordination | None = None,
+    ) -> None:
         self.config = config
         self.ledger = ledger
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.endpoints = EndpointCache(ledger, config.models_refresh_s)
         self.rollouts = KnownRollouts()
         self.cooldowns = Cooldowns()
-        self.pause = Pause()
+        self.coordination = coordination if coordination is not None else LocalCoordination()
+        self.pause: Pause = self.coordination.pause
         self.watches = WatchScheduler(config.proxy_disconnect_watch_after_s)
         self.metrics.watch_inflight(lambda: self.pause.inflight)
         self.policy = RetryPolicy(
@@ -132,15 +112,17 @@ def _new_session(config: GatewayConfig) -> aiohttp.ClientSession:
 
 @asynccontextmanager
 async def proxy_lifespan(state: ProxyState) -> AsyncIterator[None]:
-    """Open the HTTP client session; on shutdown let in-flight calls finish (bounded), then close it."""
-    _ = state.session
-    try:
-        yield
-    finally:
-        if not await state.drain(state.config.drain_timeout_s):
-            log.warning(
-                "shutting down with proxy calls still running",
-                inflight=state.pause.inflight,
-                drain_timeout_s=state.config.drain_timeout_s,
-            )
-        await state.aclose()
+    """Join the replicas (if any) and open the HTTP client session; on shutdown let in-flight calls
+    finish (bounded), close the session, then leave the replicas."""
+    async with state.coordination.running():
+        _ = state.session
+        try:
+            yield
+        finally:
+            if not await state.drain(state.config.drain_timeout_s):
+                log.warning(
+                    "shutting down with proxy calls still running",
+                    inflight=state.pause.inflight,
+                    drain_timeout_s=state.config.drain_timeout_s,
+                )
+            await state.aclose()
