@@ -274,8 +274,12 @@ class ClusterCoordination:
         await self.store.open(self._announced)
         task: asyncio.Task[None] | None = None
         try:
+            # Read the pause first, so even our first row acknowledges it: a replica joining a
+            # paused cluster never makes /proxy/state say `paused: false`, not even briefly.
+            row, _ = await self.store.read()
+            self._follower.adopt(row, self.pause)
             await self._sync()
-            if self._follower.owes_ack:
+            if self._follower.owes_ack:  # the pause changed meanwhile
                 await self._sync()
             log.info(
                 "joined the gateway replicas",

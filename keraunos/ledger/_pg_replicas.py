@@ -40,6 +40,7 @@ _SCHEMA_LOCK = 0x6B6572617265706C
 #: Rows of replicas dead for this long are deleted when a replica starts.
 _FORGET_AFTER_S = 24 * 3600.0
 
+
 def asyncpg_dsn(db: str) -> str:
     """The DSN asyncpg accepts for a PostgreSQL `--db` value (`postgresql+driver://` as `postgresql://`)."""
     if db.startswith("postgresql+"):

@@ -28,12 +28,14 @@ Join = Callable[..., Awaitable[ClusterCoordination]]
 
 
 @pytest.fixture
-async def cluster(pg_dsn: str) -> AsyncIterator[Join]:
+async def cluster(postgres_dsn: str) -> AsyncIterator[Join]:
     """`await cluster(name)` starts one replica on the test's database; all leave at the end."""
     async with AsyncExitStack() as stack:
 
         async def join(name: str, settings: ReplicaSettings = FAST) -> ClusterCoordination:
-            replica = ClusterCoordination(PgReplicaStore(pg_dsn, timeout_s=2.0), settings, replica_id=name)
+            replica = ClusterCoordination(
+                PgReplicaStore(postgres_dsn, timeout_s=2.0), settings, replica_id=name
+            )
             await stack.enter_async_context(replica.running())
             return replica
 
@@ -50,8 +52,8 @@ async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
     raise AssertionError("condition not reached within 3 s")
 
 
-async def test_a_replica_admits_nothing_before_it_has_read_the_cluster_pause(pg_dsn: str) -> None:
-    replica = ClusterCoordination(PgReplicaStore(pg_dsn, timeout_s=2.0), FAST, replica_id="a")
+async def test_a_replica_admits_nothing_before_it_has_read_the_cluster_pause(postgres_dsn: str) -> None:
+    replica = ClusterCoordination(PgReplicaStore(postgres_dsn, timeout_s=2.0), FAST, replica_id="a")
     assert replica.pause.fenced()
     async with replica.running():
         assert not replica.pause.fenced()
@@ -104,11 +106,11 @@ async def _inflight(replica: ClusterCoordination, count: int) -> bool:
 
 
 async def test_a_live_replica_that_does_not_acknowledge_is_named_in_the_503(
-    cluster: Join, pg_dsn: str
+    cluster: Join, postgres_dsn: str
 ) -> None:
     a = await cluster("a")
     # "stuck": a live row (long lease) of a replica that never applies anything.
-    stuck = PgReplicaStore(pg_dsn, timeout_s=2.0)
+    stuck = PgReplicaStore(postgres_dsn, timeout_s=2.0)
     await stuck.open(lambda row: None)
     try:
         await stuck.beat("stuck", lease_s=30.0, acked_epoch=0, inflight=4)
@@ -126,9 +128,9 @@ async def test_a_live_replica_that_does_not_acknowledge_is_named_in_the_503(
         await stuck.close()
 
 
-async def test_a_dead_replica_owes_nothing_and_its_count_expires(cluster: Join, pg_dsn: str) -> None:
+async def test_a_dead_replica_owes_nothing_and_its_count_expires(cluster: Join, postgres_dsn: str) -> None:
     a = await cluster("a")
-    gone = PgReplicaStore(pg_dsn, timeout_s=2.0)
+    gone = PgReplicaStore(postgres_dsn, timeout_s=2.0)
     await gone.open(lambda row: None)
     await gone.beat("gone", lease_s=0.3, acked_epoch=0, inflight=7)
     await gone.close()  # never beats again: dead 0.3 s after its last heartbeat
@@ -155,3 +157,20 @@ async def test_a_replica_that_loses_the_database_stops_admitting_within_its_leas
     assert a.pause.fenced()
     with pytest.raises(LedgerUnavailable):
         await a.state()
+
+
+async def test_a_replica_joining_a_paused_cluster_never_makes_it_look_unpaused(
+    cluster: Join, postgres_dsn: str
+) -> None:
+    a = await cluster("a")
+    await a.request_pause(5, None)
+    observer = PgReplicaStore(postgres_dsn, timeout_s=2.0)
+    await observer.open(lambda row: None)
+    try:
+        joining = asyncio.create_task(cluster("late"))
+        while not joining.done():
+            row, replicas = await observer.read()
+            assert all(r.acked_epoch >= row.epoch for r in replicas if r.alive)
+        await joining
+    finally:
+        await observer.close()
