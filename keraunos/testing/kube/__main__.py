@@ -1,0 +1,27 @@
+"""`python -m keraunos.testing.kube --port P --kubeconfig FILE`: run the Kubernetes API stand-in."""
+
+from __future__ import annotations
+
+import typer
+
+from keraunos._settings_cli import settings_command
+from keraunos.testing.kube._config import StandInConfig
+
+
+def kube_stand_in_app() -> typer.Typer:
+    """A one-command typer app that validates its options through `StandInConfig` and serves."""
+    from keraunos.testing.kube._server import serve
+
+    return settings_command(
+        StandInConfig,
+        name="kube-stand-in",
+        doc="Run a Kubernetes API server stand-in for tests: Pods, Namespaces and batch/v1 Jobs with "
+        "discovery, watches and Pod logs, and a node that runs each Job's container command as a local "
+        "process. Test controls under /stand-in/. Precedence: flag > environment variable > --config "
+        "file > default.",
+        run=serve,
+    )
+
+
+if __name__ == "__main__":
+    kube_stand_in_app()(prog_name="python -m keraunos.testing.kube")

@@ -1,0 +1,663 @@
+"""The HTTP face of the stand-in: an ASGI app that serves the Kubernetes REST paths of Pods,
+Namespaces and batch/v1 Jobs (with discovery, watches and Pod logs), plus the `/stand-in/` test
+controls, and `serve()` that runs it under uvicorn.
+
+Paths: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/batch`, `/apis/batch/v1`, and for a resource
+`<prefix>/namespaces/NS/PLURAL[/NAME[/SUB]]`, `<prefix>/PLURAL` (all namespaces) and
+`/api/v1/namespaces[/NAME]`. Errors are `Status` objects with the real server's codes and reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+import structlog
+import yaml
+
+from keraunos.testing.kube._api import KubeApi, visible_event
+from keraunos.testing.kube._config import StandInConfig
+from keraunos.testing.kube._controls import Controls, fault_error, fault_from_json
+from keraunos.testing.kube._kubelet import Kubelet
+from keraunos.testing.kube._objects import (
+    KINDS,
+    POD,
+    SERVER_VERSION,
+    Kind,
+    api_group,
+    api_group_list,
+    api_resource_list,
+)
+from keraunos.testing.kube._patch import PATCH_TYPES
+from keraunos.testing.kube._selectors import parse_field_selector, parse_label_selector
+from keraunos.testing.kube._status import ApiError, failure_status
+from keraunos.testing.kube._store import Store
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = structlog.get_logger("keraunos.kube.server")
+_JSON = [(b"content-type", b"application/json")]
+_UNAUTHENTICATED = ("/version", "/healthz", "/livez", "/readyz")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a resource path names: a collection (`name` None) or an object, maybe a subresource."""
+
+    kind: Kind
+    namespace: str | None  # None: all namespaces (or a cluster-scoped resource)
+    name: str | None = None
+    subresource: str = ""
+
+    @property
+    def resource(self) -> str:
+        """`jobs`, `pods/log`: the resource as RBAC names it."""
+        return f"{self.kind.plural}/{self.subresource}" if self.subresource else self.kind.plural
+
+
+def discovery(path: str) -> dict[str, Any] | None:
+    """The body of a discovery path (`/api`, `/apis/batch/v1`, ...), None for other paths."""
+    parts = [p for p in path.split("/") if p]
+    groups = {k.group for k in KINDS.values() if k.group}
+    if parts == ["version"]:
+        return SERVER_VERSION
+    if parts == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if parts == ["api", "v1"]:
+        return api_resource_list("", "v1")
+    if parts == ["apis"]:
+        return api_group_list()
+    if len(parts) == 2 and parts[0] == "apis" and parts[1] in groups:
+        return api_group(parts[1])
+    if (
+        len(parts) == 3
+        and parts[0] == "apis"
+        and any(k.group == parts[1] and k.version == parts[2] for k in KINDS.values())
+    ):
+        return api_resource_list(parts[1], parts[2])
+    return None
+
+
+def resolve(path: str) -> Target:
+    """The resource a REST path names; 404 NotFound for a path the server does not serve."""
+    parts = [p for p in path.split("/") if p]
+    missing = ApiError(404, "the server could not find the requested resource")
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, rest = parts[1], parts[3:]
+        if not any(k.group == group and k.version == parts[2] for k in KINDS.values()):
+            raise missing
+    else:
+        raise missing
+    namespace: str | None = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    kind = KINDS.get((group, rest[0])) if rest else None
+    if kind is None or len(rest) > 3 or (namespace is not None and not kind.namespaced):
+        raise missing
+    name = rest[1] if len(rest) >= 2 else None
+    subresource = rest[2] if len(rest) == 3 else ""
+    if subresource and subresource not in dict(kind.subresources):
+        raise missing
+    if kind.namespaced and name is not None and namespace is None:
+        raise missing
+    return Target(kind, namespace if kind.namespaced else "", name, subresource)
+
+
+def verb_of(method: str, target: Target, query: dict[str, str]) -> str:
+    """The RBAC verb of a request (`get`, `list`, `watch`, `create`, ...)."""
+    if method == "GET":
+        if target.name is not None:
+            return "get"
+        return "watch" if query.get("watch") in ("true", "1") else "list"
+    if method == "DELETE":
+        return "delete" if target.name is not None else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
+class StandInApp:
+    """The ASGI app: the API, its node (`kubelet`), the test controls and the open watches."""
+
+    def __init__(self, config: StandInConfig, workdir: Path) -> None:
+        self.config = config
+        self.controls = Controls()
+        self.open_watches = 0
+        self._drops = 0  # bumped by a drop: watches opened before it end
+        self._reset_drops = 0
+        self._closing = False
+        self._change = asyncio.Event()  # replaced (and set) at every change: watchers wait on it
+        self.store = Store(config.history_size)
+        self.api = KubeApi(
+            self.store, namespaces=config.namespaces, clock=time.time, rng=random.Random(config.seed)
+        )
+        self.kubelet = Kubelet(self.api, config, workdir)
+        self.store.on_change = self._changed
+
+    def _changed(self) -> None:
+        change, self._change = self._change, asyncio.Event()
+        change.set()
+        self.kubelet.notify()
+
+    def closing(self) -> None:
+        """The server is stopping: end every open watch now."""
+        self._closing = True
+        self._changed()
+
+    # --- ASGI --------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        query = dict(parse_qsl(scope.get("query_string", b"").decode(), keep_blank_values=True))
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        if path.startswith("/stand-in/"):
+            body = await _read_body(receive)
+            code, answer = self._control(method, path, body)
+            await _send_json(send, code, answer)
+            return
+        if path in ("/healthz", "/livez", "/readyz"):
+            await _send(send, 200, b"ok", [(b"content-type", b"text/plain")])
+            return
+        token = self.config.token
+        if token and path not in _UNAUTHENTICATED and headers.get("authorization") != f"Bearer {token}":
+            await _send_json(send, 401, failure_status(401, "Unauthorized"))
+            return
+        if method == "GET" and (found := discovery(path)) is not None:
+            await _send_json(send, 200, found)
+            return
+        body = await _read_body(receive)
+        target: Target | None = None
+        verb = ""
+        try:
+            target = resolve(path)
+            verb = verb_of(method, target, query)
+            fault = self.controls.take_fault(verb, target.resource)
+            if fault is not None:
+                raise fault_error(fault, verb, target.resource, target.namespace, target.name)
+            if verb == "watch":
+                self.controls.record(verb, target.resource, target.namespace, target.name, 200)
+                await self._watch(target, query, receive, send)
+                return
+            if target.subresource == "log":
+                text = self._pod_log(target, query)
+                self.controls.record(verb, target.resource, target.namespace, target.name, 200)
+                if query.get("follow") in ("true", "1"):
+                    await self._follow_log(target, text, receive, send)
+                else:
+                    await _send(send, 200, text.encode(), [(b"content-type", b"text/plain")])
+                return
+            code, answer = self._handle(method, verb, target, query, headers, body)
+        except ApiError as exc:
+            if target is not None:
+                self.controls.record(verb, target.resource, target.namespace, target.name, exc.code)
+            extra = (
+                [(b"retry-after", str(exc.details["retryAfterSeconds"]).encode())]
+                if exc.code == 429 and exc.details
+                else []
+            )
+            await _send(send, exc.code, orjson.dumps(exc.status()), _JSON + extra)
+            return
+        self.controls.record(verb, target.resource, target.namespace, target.name, code)
+        await _send_json(send, code, answer)
+
+    def _handle(
+        self,
+        method: str,
+        verb: str,
+        target: Target,
+        query: dict[str, str],
+        headers: dict[str, str],
+        body: bytes,
+    ) -> tuple[int, dict[str, Any]]:
+        api, kind = self.api, target.kind
+        namespace = target.namespace or ""
+        if verb == "list":
+            limit = _int_param(query, "limit", 0)
+            return 200, api.list(
+                kind,
+                target.namespace if kind.namespaced else None,
+                label_selector=query.get("labelSelector", ""),
+                field_selector=query.get("fieldSelector", ""),
+                limit=limit,
+                continue_token=query.get("continue", ""),
+            )
+        if verb == "create":
+            if target.name is not None:
+                raise ApiError(405, "the server does not allow this method on the requested resource")
+            if kind.namespaced and target.namespace is None:
+                raise ApiError(404, "the server could not find the requested resource")
+            return 201, api.create(kind, namespace, _decode(body, headers))
+        if verb == "deletecollection":
+            return 200, api.delete_collection(
+                kind,
+                target.namespace if kind.namespaced else None,
+                label_selector=query.get("labelSelector", ""),
+                field_selector=query.get("fieldSelector", ""),
+                options=_delete_options(body, query),
+            )
+        assert target.name is not None
+        if verb == "get":
+            return 200, api.get(kind, namespace, target.name)
+        if verb == "update":
+            return 200, api.replace(
+                kind, namespace, target.name, _decode(body, headers), subresource=target.subresource
+            )
+        if verb == "patch":
+            content_type = headers.get("content-type", "").split(";")[0].strip()
+            if content_type not in PATCH_TYPES:
+                raise ApiError(
+                    415,
+                    f"the body of the request was in an unknown format - accepted media types include: {', '.join(PATCH_TYPES)}",
+                )
+            return 200, api.patch(
+                kind,
+                namespace,
+                target.name,
+                content_type,
+                _decode(body, headers),
+                subresource=target.subresource,
+            )
+        if verb == "delete":
+            return 200, api.delete(kind, namespace, target.name, _delete_options(body, query))
+        raise ApiError(405, f"the server does not allow this method on the requested resource ({method})")
+
+    # --- watch -------------------------------------------------------------------------------------
+
+    async def _watch(self, target: Target, query: dict[str, str], receive: Receive, send: Send) -> None:
+        kind = target.kind
+        namespace = target.namespace if kind.namespaced else None
+        labels = parse_label_selector(query.get("labelSelector", ""))
+        fields = parse_field_selector(query.get("fieldSelector", ""), kind.plural)
+        if target.name is not None:
+            raise ApiError(405, "watch of a single object: use fieldSelector=metadata.name=NAME")
+        timeout = (
+            float(query["timeoutSeconds"])
+            if query.get("timeoutSeconds")
+            else self.config.watch_timeout_seconds
+        )
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        since = query.get("resourceVersion", "")
+        if since not in ("", "0") and not since.isdigit():
+            raise ApiError(400, f'invalid resource version "{since}"')
+        initial: list[bytes] = []
+        if since in ("", "0"):
+            cursor = self.store.resource_version
+            for obj in self.api.list(
+                kind,
+                namespace,
+                label_selector=query.get("labelSelector", ""),
+                field_selector=query.get("fieldSelector", ""),
+            )["items"]:
+                obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
+                initial.append(_line({"type": "ADDED", "object": obj}))
+        else:
+            cursor = int(since)
+        drops, reset_drops = self._drops, self._reset_drops
+        disconnected = asyncio.Event()
+
+        async def listen() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected.set()
+            self._changed()
+
+        listener = asyncio.get_running_loop().create_task(listen())
+        self.open_watches += 1
+        log.debug("watch opened", resource=kind.plural, namespace=namespace, since=since)
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [*_JSON, (b"transfer-encoding", b"chunked")],
+                }
+            )
+            for line in initial:
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+            deadline = time.monotonic() + timeout
+            next_bookmark = time.monotonic() + self.config.bookmark_interval_seconds
+            while True:
+                change = self._change
+                try:
+                    events = self.store.events_after(cursor)
+                except ApiError as exc:
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": _line({"type": "ERROR", "object": exc.status()}),
+                            "more_body": True,
+                        }
+                    )
+                    break
+                for event in events:
+                    cursor = event.resource_version
+                    visible = visible_event(event, kind, namespace, labels, fields)
+                    if visible is not None:
+                        await send({"type": "http.response.body", "body": _line(visible), "more_body": True})
+                if self._reset_drops != reset_drops:
+                    log.info("watch reset by the test", resource=kind.plural)
+                    return  # no final chunk: the client sees the connection break mid-stream
+                now = time.monotonic()
+                if disconnected.is_set() or self._closing or self._drops != drops or now >= deadline:
+                    break
+                if bookmarks and now >= next_bookmark:
+                    mark = {
+                        "kind": kind.kind,
+                        "apiVersion": kind.api_version,
+                        "metadata": {"resourceVersion": str(cursor)},
+                    }
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": _line({"type": "BOOKMARK", "object": mark}),
+                            "more_body": True,
+                        }
+                    )
+                    next_bookmark = now + self.config.bookmark_interval_seconds
+                wait = deadline - now
+                if bookmarks:
+                    wait = min(wait, max(0.0, next_bookmark - now))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(change.wait(), wait)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away while we were writing
+            pass
+        finally:
+            self.open_watches -= 1
+            listener.cancel()
+
+    # --- logs --------------------------------------------------------------------------------------
+
+    def _pod_log(self, target: Target, query: dict[str, str]) -> str:
+        assert target.name is not None and target.namespace is not None
+        pod = self.api.get(POD, target.namespace, target.name)
+        containers = [c["name"] for c in pod["spec"]["containers"]]
+        name = query.get("container") or ""
+        if not name:
+            if len(containers) > 1:
+                raise ApiError(
+                    400,
+                    f"a container name must be specified for pod {target.name}, choose one of: [{' '.join(containers)}]",
+                )
+            name = containers[0]
+        if name not in containers:
+            raise ApiError(400, f"container {name} is not valid for pod {target.name}")
+        if query.get("previous") in ("true", "1"):
+            raise ApiError(400, f'previous terminated container "{name}" in pod "{target.name}" not found')
+        path = self.kubelet.log_path(pod)
+        if name != containers[0] or not path.exists():
+            waiting = "ContainerCreating"
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                waiting = (status.get("state") or {}).get("waiting", {}).get("reason", waiting)
+            raise ApiError(400, f'container "{name}" in pod "{target.name}" is waiting to start: {waiting}')
+        text = path.read_text(errors="replace")
+        tail = _int_param(query, "tailLines", -1)
+        if tail >= 0:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-tail:]) if tail else ""
+        limit = _int_param(query, "limitBytes", 0)
+        if limit > 0:
+            text = text.encode()[:limit].decode(errors="ignore")
+        return text
+
+    async def _follow_log(self, target: Target, first: str, receive: Receive, send: Send) -> None:
+        assert target.name is not None and target.namespace is not None
+        pod = self.api.get(POD, target.namespace, target.name)
+        path = self.kubelet.log_path(pod)
+        offset = path.stat().st_size
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
+        uid = pod["metadata"]["uid"]
+        try:
+            while not self._closing:
+                running = any(
+                    p["pod"] == target.name and p["namespace"] == target.namespace
+                    for p in self.kubelet.processes()
+                )
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    chunk = handle.read()
+                offset += len(chunk)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                current = self.store.exists(POD, target.namespace, target.name)
+                if (
+                    not running
+                    or not current
+                    or self.api.get(POD, target.namespace, target.name)["metadata"]["uid"] != uid
+                ):
+                    break
+                await asyncio.sleep(self.config.follow_poll_seconds)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass
+
+    # --- test controls -----------------------------------------------------------------------------
+
+    def _control(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        try:
+            data = orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError:
+            return 400, {"error": "the body must be JSON"}
+        route = (method, path.rstrip("/"))
+        if route == ("GET", "/stand-in/requests"):
+            return 200, self.controls.report()
+        if route == ("DELETE", "/stand-in/requests"):
+            self.controls.counts.clear()
+            self.controls.recent.clear()
+            return 200, {}
+        if route == ("POST", "/stand-in/faults"):
+            try:
+                fault = fault_from_json(data)
+            except ValueError as exc:
+                return 400, {"error": str(exc)}
+            self.controls.faults.append(fault)
+            return 200, {"pending": self.controls.pending()}
+        if route == ("GET", "/stand-in/faults"):
+            return 200, {"pending": self.controls.pending()}
+        if route == ("DELETE", "/stand-in/faults"):
+            self.controls.faults.clear()
+            return 200, {"pending": []}
+        if route == ("POST", "/stand-in/watches/drop"):
+            dropped = self.open_watches
+            if data.get("reset"):
+                self._reset_drops += 1
+            else:
+                self._drops += 1
+            self._changed()
+            return 200, {"dropped": dropped}
+        if route == ("POST", "/stand-in/history/forget"):
+            self.store.forget_history()
+            return 200, {"compacted": self.store.compacted}
+        if route == ("POST", "/stand-in/delete"):
+            return self._delete_underneath(data)
+        if route == ("GET", "/stand-in/state"):
+            return 200, {
+                "resourceVersion": self.store.resource_version,
+                "compacted": self.store.compacted,
+                "openWatches": self.open_watches,
+                "processes": self.kubelet.processes(),
+            }
+        return 404, {"error": f"no control {method} {path}"}
+
+    def _delete_underneath(self, data: dict[str, Any]) -> tuple[int, Any]:
+        kind = next((k for k in KINDS.values() if k.plural == data.get("resource", "jobs")), None)
+        if kind is None or not data.get("name"):
+            return 400, {"error": "give resource (jobs, pods or namespaces) and name"}
+        try:
+            result = self.api.delete(
+                kind,
+                data.get("namespace", self.config.namespace) if kind.namespaced else "",
+                data["name"],
+                {"propagationPolicy": data.get("propagationPolicy", "Background")},
+            )
+        except ApiError as exc:
+            return exc.code, exc.status()
+        return 200, result
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return orjson.dumps(event) + b"\n"
+
+
+def _int_param(query: dict[str, str], name: str, default: int) -> int:
+    value = query.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ApiError(400, f'invalid value for {name}: "{value}" is not an integer') from None
+
+
+def _decode(body: bytes, headers: dict[str, str]) -> Any:
+    content_type = headers.get("content-type", "")
+    try:
+        if "yaml" in content_type:
+            return yaml.safe_load(body)
+        return orjson.loads(body)
+    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "invalid body"
+        raise ApiError(400, f"couldn't get version/kind; json parse error: {first}") from None
+
+
+def _delete_options(body: bytes, query: dict[str, str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if body.strip():
+        decoded = _decode(body, {})
+        if not isinstance(decoded, dict):
+            raise ApiError(400, "DeleteOptions must be a JSON object")
+        options.update(decoded)
+    if query.get("propagationPolicy"):
+        options["propagationPolicy"] = query["propagationPolicy"]
+    if query.get("gracePeriodSeconds"):
+        options["gracePeriodSeconds"] = _int_param(query, "gracePeriodSeconds", 30)
+    return options
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+async def _send(send: Send, code: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": code,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Send, code: int, body: Any) -> None:
+    await _send(send, code, orjson.dumps(body), _JSON)
+
+
+def write_kubeconfig(path: Path, server: str, token: str, namespace: str) -> None:
+    """A kubeconfig with one context for `server` (bearer `token`, default `namespace`)."""
+    user: dict[str, Any] = {"token": token} if token else {}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "keraunos-stand-in", "cluster": {"server": server}}],
+        "users": [{"name": "keraunos-stand-in", "user": user}],
+        "contexts": [
+            {
+                "name": "keraunos-stand-in",
+                "context": {
+                    "cluster": "keraunos-stand-in",
+                    "user": "keraunos-stand-in",
+                    "namespace": namespace,
+                },
+            }
+        ],
+        "current-context": "keraunos-stand-in",
+        "preferences": {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(yaml.safe_dump(config, sort_keys=False))
+    temporary.replace(path)  # readers never see half a file
+
+
+async def serve_async(config: StandInConfig) -> int:
+    """Serve until SIGTERM/SIGINT; then end the watches and kill every Pod process."""
+    import uvicorn
+
+    own_workdir = not config.workdir
+    workdir = Path(config.workdir or tempfile.mkdtemp(prefix="keraunos-kube-"))
+    app = StandInApp(config, workdir)
+    loop = asyncio.get_running_loop()
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.servers:  # listening: tell clients where (the port may have been 0)
+                port = self.servers[0].sockets[0].getsockname()[1]
+                base_url = f"http://{config.host}:{port}"
+                if config.kubeconfig:
+                    write_kubeconfig(Path(config.kubeconfig), base_url, config.token, config.namespace)
+                log.info("kubernetes stand-in listening", url=base_url, kubeconfig=config.kubeconfig or None)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            loop.call_soon_threadsafe(app.closing)
+            super().handle_exit(sig, frame)
+
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            http="h11",
+            ws="none",
+            loop="none",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=1,
+        )
+    )
+    app.kubelet.start()
+    try:
+        await server.serve()
+    finally:
+        await app.kubelet.stop()
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if server.started else 1
+
+
+def serve(config: StandInConfig) -> int:
+    """`python -m keraunos.testing.kube`: serve the stand-in with uvicorn until SIGTERM/SIGINT."""
+    from keraunos._logging import configure_logging
+
+    configure_logging(config.log_level)
+    return asyncio.run(serve_async(config))

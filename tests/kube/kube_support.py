@@ -1,0 +1,72 @@
+"""Manifests and small helpers shared by the stand-in's tests."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+
+def unique_name(prefix: str = "job") -> str:
+    """A fresh DNS-1123 name, so tests sharing one stand-in never collide."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def shell(script: str) -> list[str]:
+    """A container command that runs `script` with /bin/sh."""
+    return ["/bin/sh", "-c", script]
+
+
+def python(code: str) -> list[str]:
+    """A container command that runs `code` with this interpreter."""
+    return [sys.executable, "-c", code]
+
+
+def job_manifest(
+    name: str,
+    command: list[str],
+    *,
+    labels: dict[str, str] | None = None,
+    env: list[dict[str, Any]] | None = None,
+    args: list[str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A batch/v1 Job running `command` once (backoffLimit 0, restartPolicy Never unless `spec` says)."""
+    container: dict[str, Any] = {"name": "agent", "image": "example.org/agent:1", "command": command}
+    if env is not None:
+        container["env"] = env
+    if args is not None:
+        container["args"] = args
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels or {"test": name}},
+        "spec": {
+            "backoffLimit": 0,
+            **spec,
+            "template": {
+                "metadata": {"labels": labels or {"test": name}},
+                "spec": {"restartPolicy": "Never", "containers": [container]},
+            },
+        },
+    }
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], seconds: float = 5.0, what: str = "condition"
+) -> T:
+    """Poll the async `check` until it returns something truthy (returned) or `seconds` pass (AssertionError)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {seconds} s (last: {result!r})")
+        await anyio.sleep(0.05)
