@@ -18,7 +18,7 @@ __all__ = ["ConfigError", "ControllerConfig"]
 
 ENV_PREFIX = "KERAUNOS_CONTROLLER_"
 
-Runner = Literal["local"]
+Runner = Literal["local", "k8s"]
 ProtocolChoice = Literal["auto", "attempts", "v1"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
@@ -41,7 +41,11 @@ class ControllerConfig(LayeredSettings):
         description="Gateway base URL as the agents must reach it, when it differs from --gateway. "
         "Empty: the same as --gateway.",
     )
-    runner: Runner = Field(default="local", description="Where agents run: 'local' (subprocesses).")
+    runner: Runner = Field(
+        default="local",
+        description="Where agents run: 'local' (process groups on this machine) or 'k8s' (one Kubernetes "
+        "Job per attempt; see the k8s_* settings).",
+    )
     protocol: ProtocolChoice = Field(
         default="auto",
         description="'attempts': claim/heartbeat/finish (keraunos gateway); 'v1': list-and-patch, for an "
@@ -50,9 +54,16 @@ class ControllerConfig(LayeredSettings):
     )
     controller_id: str = Field(
         default="",
-        description="Name this controller gives the gateway when it claims. Empty: host name and process id.",
+        description="Name this controller gives the gateway when it claims. Empty: host name and process "
+        "id; with the k8s runner 'k8s:NAMESPACE:INSTANCE', so a restarted controller keeps the leases of "
+        "the Jobs it adopts.",
     )
-    pool_size: int = Field(default=16, ge=1, description="Most agents running at the same time.")
+    pool_size: int = Field(
+        default=16,
+        ge=1,
+        description="Most agents running at the same time (local runner; the k8s runner uses "
+        "k8s_max_concurrent_jobs).",
+    )
     poll_interval_s: float = Field(
         default=1.0,
         gt=0.0,
@@ -109,6 +120,79 @@ class ControllerConfig(LayeredSettings):
     )
     request_timeout_s: float = Field(default=30.0, gt=0.0, description="Timeout of one gateway request.")
     log_level: LogLevel = Field(default="info", description="Least severe log level written to stderr.")
+    k8s_job_template: str = Field(
+        default="",
+        description="k8s runner: Jinja2 template of one Job (variables job_name and input, filter "
+        "yaml_escape) for rollouts whose config.k8s names no job_template.",
+    )
+    k8s_job_template_file: str = Field(
+        default="",
+        description="k8s runner: file holding the default job template (at most one of this and "
+        "k8s_job_template).",
+    )
+    k8s_namespace: str = Field(
+        default="",
+        description="k8s runner: namespace of the Jobs. Empty: the kubeconfig context's namespace, or the "
+        "service account's in a pod, else 'default'.",
+    )
+    k8s_kubeconfig: str = Field(
+        default="",
+        description="k8s runner: kubeconfig file. Empty: $KUBECONFIG, ~/.kube/config, or the pod's "
+        "service account when running in a cluster.",
+    )
+    k8s_context: str = Field(
+        default="", description="k8s runner: kubeconfig context. Empty: the current one."
+    )
+    k8s_instance: str = Field(
+        default="keraunos",
+        description="k8s runner: label value that marks this controller's Jobs; a restarted controller "
+        "with the same instance and namespace adopts them. One controller per instance and namespace.",
+    )
+    k8s_ttl_s: int = Field(
+        default=3600,
+        ge=0,
+        description="k8s runner: ttlSecondsAfterFinished of every Job (finished Jobs are deleted after it).",
+    )
+    k8s_max_jobs_per_minute: float = Field(
+        default=60.0, gt=0.0, description="k8s runner: Job create requests per minute, on average."
+    )
+    k8s_job_burst: int = Field(
+        default=10,
+        ge=1,
+        description="k8s runner: Job create requests allowed at once before k8s_max_jobs_per_minute "
+        "paces them (in any W seconds: at most burst + W * per_minute / 60).",
+    )
+    k8s_max_concurrent_jobs: int = Field(
+        default=100, ge=1, description="k8s runner: most Jobs running (or being reported) at the same time."
+    )
+    k8s_resync_interval_s: float = Field(
+        default=300.0,
+        gt=0.0,
+        description="k8s runner: seconds between full re-lists of the Jobs, besides the watch.",
+    )
+    k8s_watch_timeout_s: float = Field(
+        default=290.0,
+        gt=0.0,
+        description="k8s runner: how long one watch request lasts (timeoutSeconds) before it is renewed.",
+    )
+    k8s_retry_initial_s: float = Field(
+        default=0.5,
+        gt=0.0,
+        description="k8s runner: first backoff after a failed API call (it doubles, with jitter).",
+    )
+    k8s_retry_max_s: float = Field(default=30.0, gt=0.0, description="k8s runner: longest backoff.")
+    k8s_request_timeout_s: float = Field(
+        default=30.0, gt=0.0, description="k8s runner: timeout of one Kubernetes API request."
+    )
+    k8s_deadline_grace_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        description="k8s runner: a Job not ended this long after its activeDeadlineSeconds is deleted by "
+        "the controller and its attempt reported timed_out.",
+    )
+    k8s_log_tail_lines: int = Field(
+        default=10000, ge=1, description="k8s runner: lines of each pod's log collected when its Job ends."
+    )
 
     @field_validator("log_level", "protocol", "runner", mode="before")
     @classmethod
@@ -135,6 +219,8 @@ class ControllerConfig(LayeredSettings):
     def _one_default_agent(self) -> ControllerConfig:
         if self.agent_class and self.command:
             raise ValueError("set at most one of agent_class and command")
+        if self.k8s_job_template and self.k8s_job_template_file:
+            raise ValueError("set at most one of k8s_job_template and k8s_job_template_file")
         return self
 
     @property

@@ -7,6 +7,11 @@ once. A second task renews the live assignments (heartbeats) and stops agents wh
 source says is over (superseded, rollout ended by someone else). On startup the attempts a crashed
 controller left in the state directory are stopped and reported; on shutdown every agent is
 stopped and its attempt reported.
+
+The loop drives any `Runner`: local process groups (`LocalAgents` below) or Kubernetes Jobs
+(`runners/k8s.py`). A runner starts an assignment's agent, says how each agent ended, may limit
+how many starts it takes now (a creation rate limit), and on startup hands back what an earlier
+controller left: attempts to report at once, and agents it adopts and keeps running.
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
 from keraunos.controller.client import GatewayError, GatewayUnreachable
-from keraunos.controller.launch import Launch, LaunchError
+from keraunos.controller.launch import Launch
 from keraunos.controller.runners._state import AgentRecord
 from keraunos.controller.runners.local import LocalAgent, LocalRunner, read_log_tail
 from keraunos.controller.work import Assignment, Ending, WorkSource, ending_of
@@ -41,6 +46,113 @@ LEFTOVER_REASON = (
 _REASON_TAIL_BYTES = 4096
 
 
+class RunningAgent(Protocol):
+    """One attempt's agent as the loop drives it."""
+
+    @property
+    def record(self) -> AgentRecord:
+        """The attempt's ids and log file."""
+        ...
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the agent to stop now; `ending` then reports it as lost with this reason."""
+        ...
+
+    async def ending(self) -> Ending:
+        """Wait until the agent has ended (exited, timed out, stopped); how, as reported."""
+        ...
+
+
+@dataclass
+class Recovered:
+    """What a starting runner found of an earlier controller: attempts to report now, agents adopted."""
+
+    ended: list[tuple[AgentRecord, Ending]] = field(default_factory=list)
+    running: list[RunningAgent] = field(default_factory=list)
+
+
+class Runner(Protocol):
+    """Where agents run (local process groups, Kubernetes Jobs), as the loop sees it."""
+
+    def log_path(self, rollout_id: str, attempt_id: str) -> Path:
+        """The attempt's log file, uploaded when it is reported."""
+        ...
+
+    def room(self) -> int | None:
+        """How many agents may start now, beyond the pool's free slots (None: no limit)."""
+        ...
+
+    async def start(self, assignment: Assignment) -> RunningAgent:
+        """Start the assignment's agent; a `ValueError` (its message already in the attempt's log)
+        fails the attempt with that message as its reason."""
+        ...
+
+    async def recover(self) -> Recovered:
+        """Deal with what an earlier controller on the same state left behind."""
+        ...
+
+    def forget(self, record: AgentRecord) -> None:
+        """Drop what the runner keeps of an attempt that has been reported."""
+        ...
+
+
+class LocalAgents:
+    """The local runner as the loop's `Runner`: `plan` turns each assignment into a process to
+    start (a `ValueError` it raises, e.g. a missing env_map path, fails the attempt); agents a
+    crashed controller left are stopped and reported lost."""
+
+    def __init__(self, runner: LocalRunner, plan: Callable[[Assignment], Launch]) -> None:
+        self.runner = runner
+        self.plan = plan
+
+    def log_path(self, rollout_id: str, attempt_id: str) -> Path:
+        """`LOG_DIR/ROLLOUT/ATTEMPT.log`."""
+        return self.runner.log_path(rollout_id, attempt_id)
+
+    def room(self) -> int | None:
+        """No limit beyond the pool."""
+        return None
+
+    async def start(self, assignment: Assignment) -> RunningAgent:
+        """Plan and start the agent's process group."""
+        try:
+            launch = self.plan(assignment)
+        except ValueError as exc:  # LaunchError, EnvMapError: the rollout's config cannot be run
+            _append(
+                self.log_path(assignment.rollout_id, assignment.attempt_id), f"keraunos controller: {exc}\n"
+            )
+            raise
+        return _LocalRunning(await self.runner.start(launch))  # LaunchError: the runner logged why
+
+    async def recover(self) -> Recovered:
+        """Stop the process groups of a crashed controller; their attempts are reported lost."""
+        leftovers = await self.runner.stop_leftovers()
+        return Recovered(ended=[(record, Ending("lost", None, LEFTOVER_REASON)) for record in leftovers])
+
+    def forget(self, record: AgentRecord) -> None:
+        """Remove the attempt's record from the state directory."""
+        self.runner.forget(record)
+
+
+class _LocalRunning:
+    """A `LocalAgent` as a `RunningAgent`: its ending comes from its exit and its log's last line."""
+
+    def __init__(self, agent: LocalAgent) -> None:
+        self.agent = agent
+
+    @property
+    def record(self) -> AgentRecord:
+        return self.agent.record
+
+    def request_stop(self, reason: str) -> None:
+        self.agent.request_stop(reason)
+
+    async def ending(self) -> Ending:
+        exit = await self.agent.wait()
+        tail = read_log_tail(self.agent.log_path, _REASON_TAIL_BYTES)
+        return ending_of(exit, self.agent.launch.timeout_s, tail)
+
+
 @dataclass(frozen=True)
 class LoopSettings:
     """The loop's knobs: pool size, poll interval, and how long a failed report is retried."""
@@ -51,24 +163,14 @@ class LoopSettings:
 
 
 class Reconciler:
-    """Runs assignments from `source` on `runner`, at most `pool_size` at a time.
+    """Runs assignments from `source` on `runner`, at most `pool_size` at a time (and no more at
+    once than `runner.room()` allows)."""
 
-    `plan` turns an assignment into the process to start; a `ValueError` it raises (a missing
-    env_map path, no agent named) fails the attempt with that message as its reason.
-    """
-
-    def __init__(
-        self,
-        source: WorkSource,
-        runner: LocalRunner,
-        plan: Callable[[Assignment], Launch],
-        settings: LoopSettings,
-    ) -> None:
+    def __init__(self, source: WorkSource, runner: Runner, settings: LoopSettings) -> None:
         self.source = source
         self.runner = runner
-        self.plan = plan
         self.settings = settings
-        self._live: dict[tuple[str, str], tuple[Assignment, LocalAgent]] = {}
+        self._live: dict[tuple[str, str], RunningAgent] = {}
         # Taken and not yet reported: their leases are renewed while agents start, run and report.
         self._held: dict[tuple[str, str], Assignment] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -81,11 +183,14 @@ class Reconciler:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until `stop` is set, then stop every agent and report its attempt."""
-        await self._report_leftovers()
+        await self._recover()
         renewer = asyncio.create_task(self._renew_loop())
         try:
             while not stop.is_set():
                 free = self.settings.pool_size - self.live_count
+                room = self.runner.room()
+                if room is not None:
+                    free = min(free, room)
                 taken = await self._take(free) if free > 0 else 0
                 if 0 < free == taken:
                     continue  # the source may hold more: ask again at once
@@ -114,20 +219,13 @@ class Reconciler:
 
     async def _start(self, assignment: Assignment) -> None:
         rollout_id, attempt_id = assignment.rollout_id, assignment.attempt_id
-        log_path = self.runner.log_path(rollout_id, attempt_id)
         try:
-            launch = self.plan(assignment)
-        except ValueError as exc:  # LaunchError, EnvMapError: the rollout's config cannot be run
-            _append(log_path, f"keraunos controller: {exc}\n")
-            self._fail_start(assignment, log_path, str(exc))
+            agent = await self.runner.start(assignment)
+        except ValueError as exc:  # the runner has written why into the log
+            self._fail_start(assignment, self.runner.log_path(rollout_id, attempt_id), str(exc))
             return
-        try:
-            agent = await self.runner.start(launch)
-        except LaunchError as exc:  # the runner has written why into the log
-            self._fail_start(assignment, log_path, str(exc))
-            return
-        self._live[(rollout_id, attempt_id)] = (assignment, agent)
-        self._spawn(self._supervise(assignment, agent))
+        self._live[(rollout_id, attempt_id)] = agent
+        self._spawn(self._supervise(agent))
 
     def _fail_start(self, assignment: Assignment, log_path: Path, reason: str) -> None:
         log.warning(
@@ -150,13 +248,12 @@ class Reconciler:
         if not task.cancelled() and task.exception() is not None:
             log.error("supervisor task failed", exc_info=task.exception())
 
-    async def _supervise(self, assignment: Assignment, agent: LocalAgent) -> None:
-        key = (assignment.rollout_id, assignment.attempt_id)
+    async def _supervise(self, agent: RunningAgent) -> None:
+        key = (agent.record.rollout_id, agent.record.attempt_id)
         try:
-            exit = await agent.wait()
+            ending = await agent.ending()
         finally:
             self._live.pop(key, None)
-        ending = ending_of(exit, agent.launch.timeout_s, read_log_tail(agent.log_path, _REASON_TAIL_BYTES))
         log.info(
             "agent ended",
             rollout_id=key[0],
@@ -208,18 +305,21 @@ class Reconciler:
                 log.warning("cannot renew attempts", error=str(exc))
                 continue
             for key, reason in to_stop.items():
-                entry = self._live.get(key)
-                if entry is not None:
-                    entry[1].request_stop(reason)
+                agent = self._live.get(key)
+                if agent is not None:
+                    agent.request_stop(reason)
 
-    async def _report_leftovers(self) -> None:
-        leftovers = await self.runner.stop_leftovers()
-        await asyncio.gather(
-            *(self._report_and_forget(record, Ending("lost", None, LEFTOVER_REASON)) for record in leftovers)
-        )
+    async def _recover(self) -> None:
+        recovered = await self.runner.recover()
+        for agent in recovered.running:  # adopted: held (heartbeats) and supervised like new ones
+            rollout_id, attempt_id = agent.record.rollout_id, agent.record.attempt_id
+            self._held[(rollout_id, attempt_id)] = Assignment({"rollout_id": rollout_id}, attempt_id, "")
+            self._live[(rollout_id, attempt_id)] = agent
+            self._spawn(self._supervise(agent))
+        await asyncio.gather(*(self._report_and_forget(record, ending) for record, ending in recovered.ended))
 
     async def _shutdown(self) -> None:
-        for _, agent in list(self._live.values()):
+        for agent in list(self._live.values()):
             agent.request_stop(SHUTDOWN_REASON)
         if self._tasks:
             log.info("stopping agents", count=len(self._live))
