@@ -5,6 +5,7 @@ agent) as a local process. One controller (instance `main`) runs every test's ro
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from k8s_support import (
 )
 
 from keraunos.controller.runners._k8s_names import job_name
+from keraunos.testing.processes import unique_id
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,11 +48,14 @@ def job_state(env: K8sEnv, name: str) -> str | None:
     return "running"
 
 
-def test_rollouts_run_as_jobs_and_succeed_with_their_model_calls_recorded(
+def test_rollouts_run_as_jobs_with_the_forced_fields_and_succeed_with_their_model_calls_recorded(
     k8s: K8sEnv, controller: Controller
 ) -> None:
-    ids = create_rollouts(k8s.gateway, [rollout("ok", question=f"q{i}") for i in range(4)])
+    from kubernetes.client import ApiClient, V1Job
+
+    ids = create_rollouts(k8s.gateway, [rollout("ok", question=f"q{i}") for i in range(3)])
     details = wait_terminal(k8s.gateway, ids, timeout=40)
+    jobs = {j["metadata"]["name"]: j for j in jobs_of(k8s.kube, "main")}
     for rollout_id in ids:
         got = details[rollout_id]
         status = got["rollout"]["status"]
@@ -67,25 +72,56 @@ def test_rollouts_run_as_jobs_and_succeed_with_their_model_calls_recorded(
         ]
         assert "answer:" in logs and f"created Job {job_name(rollout_id, '1')}" in logs
 
+        job: V1Job = ApiClient()._ApiClient__deserialize(jobs[job_name(rollout_id, "1")], "V1Job")  # type: ignore[attr-defined]
+        assert job.metadata.labels["app.kubernetes.io/managed-by"] == "keraunos"
+        assert job.metadata.labels["team"] == "tests"  # the template's own labels stay
+        assert job.metadata.annotations["keraunos.dev/rollout-id"] == rollout_id
+        assert (job.spec.backoff_limit, job.spec.ttl_seconds_after_finished) == (0, 600)
+        assert job.spec.active_deadline_seconds == 60
+        assert job.spec.template.spec.restart_policy == "Never"
+        env = {e.name: e.value for e in job.spec.template.spec.containers[0].env}
+        assert env["AGL_OPENAI_BASE_URL"] == k8s.gateway.proxy_base(rollout_id, "1")
+        assert (
+            env["AGL_KEY"] and env["AGL_KEY"] != k8s.gateway.key
+        )  # the attempt's token, never the server key
 
-def test_each_job_carries_the_forced_fields_and_deserialises_as_a_v1_job(
+
+def test_a_job_that_already_exists_for_the_attempt_is_adopted_not_duplicated(
     k8s: K8sEnv, controller: Controller
 ) -> None:
-    from kubernetes.client import ApiClient, V1Job
-
-    (rollout_id,) = create_rollouts(k8s.gateway, [rollout("ok")])
-    wait_terminal(k8s.gateway, [rollout_id], timeout=30)
-    (job,) = [j for j in jobs_of(k8s.kube, "main") if j["metadata"]["name"] == job_name(rollout_id, "1")]
-    model: V1Job = ApiClient()._ApiClient__deserialize(job, "V1Job")  # type: ignore[attr-defined]
-    assert model.metadata.labels["app.kubernetes.io/managed-by"] == "keraunos"
-    assert model.metadata.labels["team"] == "tests"
-    assert model.metadata.annotations["keraunos.dev/rollout-id"] == rollout_id
-    assert (model.spec.backoff_limit, model.spec.ttl_seconds_after_finished) == (0, 600)
-    assert model.spec.active_deadline_seconds == 60
-    assert model.spec.template.spec.restart_policy == "Never"
-    env = {e.name: e.value for e in model.spec.template.spec.containers[0].env}
-    assert env["AGL_OPENAI_BASE_URL"] == k8s.gateway.proxy_base(rollout_id, "1")
-    assert env["AGL_KEY"] and env["AGL_KEY"] != k8s.gateway.key  # the attempt's token, never the server key
+    rollout_id = unique_id("premade")
+    name = job_name(rollout_id, "1")
+    command = [sys.executable, "-c", "print('made before the claim')"]
+    premade = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "keraunos", "keraunos.dev/instance": "main"},
+            "annotations": {"keraunos.dev/rollout-id": rollout_id, "keraunos.dev/attempt-id": "1"},
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "a", "image": "x", "command": command}],
+                }
+            },
+        },
+    }
+    with k8s.kube.client() as api:  # as if a create had succeeded but its answer was lost
+        assert (
+            api.post(f"/apis/batch/v1/namespaces/{k8s.kube.namespace}/jobs", json=premade).status_code == 201
+        )
+    creates = k8s.kube.controls.count("create", "jobs")
+    create_rollouts(k8s.gateway, [{**rollout("ok"), "rollout_id": rollout_id}])
+    got = wait_terminal(k8s.gateway, [rollout_id], timeout=30)[rollout_id]
+    assert got["rollout"]["status"]["state"] == "succeeded"
+    assert k8s.kube.controls.count("create", "jobs") == creates + 1  # one refused create, no second Job
+    with k8s.gateway.client() as api:
+        logs = api.get(f"/api/rollouts/{rollout_id}/attempt/1/logs").text
+    assert "already existed for this attempt; adopted it" in logs and "made before the claim" in logs
 
 
 def test_a_failing_job_fails_its_attempt_and_the_retry_runs_as_a_new_job(
