@@ -2,7 +2,8 @@
 
 Startup: take the state directory's lock, ask the gateway which protocol it speaks (`GET /api/info`;
 404 means an Agent Lightning v1.0 server), then reconcile until SIGTERM or SIGINT. Exit status 0
-after a clean shutdown, 1 when the controller cannot start (the reason on one line).
+after a clean shutdown, 1 when the controller cannot start or (k8s runner) when the cluster refuses
+a call with 403 (the reason on one line).
 """
 
 from __future__ import annotations

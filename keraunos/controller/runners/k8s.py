@@ -115,6 +115,17 @@ class K8sRunner:
         watching them."""
         resource_version = await self.watcher.relist()
         self._watch_task = asyncio.create_task(self.watcher.run(resource_version))
+        self._watch_task.add_done_callback(self._watch_ended)
+
+    def _watch_ended(self, task: asyncio.Task[None]) -> None:
+        # The watcher only returns after a 403 (already fatal) or is cancelled by `close`; anything
+        # else is a bug, and a runner that no longer sees its Jobs must not go on taking work.
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("the Job watcher failed", exc_info=task.exception())
+        if self.fatal_error is None:
+            self.fatal_error = f"the Job watcher failed: {task.exception()!r}"
+            self.on_fatal(self.fatal_error)
 
     async def close(self) -> None:
         """Stop watching."""
