@@ -405,6 +405,10 @@ class ClusterCoordination:
                     error=str(exc),
                 )
                 await asyncio.sleep(min(settings.heartbeat_interval_s, 0.25))
+            except Exception:
+                # A bug must not end the heartbeats silently: this replica would fence itself for good.
+                log.exception("replica heartbeat failed unexpectedly", replica_id=self.replica_id)
+                await asyncio.sleep(min(settings.heartbeat_interval_s, 0.25))
 
 
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://", "postgresql+")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from keraunos.gateway.config import ConfigError, GatewayConfig
 from keraunos.gateway.replicas import Follower, LocalCoordination, Pause, summarize
 from keraunos.ledger._pg_replicas import PauseRow, ReplicaRow
 
@@ -93,3 +95,10 @@ def test_a_single_gateway_keeps_the_v1_state_shape() -> None:
     paused, state, resumed = asyncio.run(_local_round_trip())
     assert paused == state == {"paused": True, "retry_after_seconds": 2, "reason": "swap", "inflight": 0}
     assert resumed == {"paused": False, "retry_after_seconds": 2, "reason": None, "inflight": 0}
+
+
+def test_a_heartbeat_timeout_not_above_the_interval_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError) as raised:
+        GatewayConfig.load({"replica_heartbeat_interval_s": 2, "replica_heartbeat_timeout_s": 2})
+    assert "replica_heartbeat_timeout_s (2) must exceed replica_heartbeat_interval_s (2)" in str(raised.value)
+    assert "\n" not in str(raised.value)
