@@ -7,20 +7,9 @@ from pathlib import Path
 
 import kr8s.asyncio
 import pytest
+from kube_support import FAST
 
 from keraunos.testing.kube import KubeStandIn, start_kube
-
-#: Fast clocks for tests: retries, grace periods and resyncs in tenths of a second.
-FAST = (
-    "--retry-backoff-seconds",
-    "0.05",
-    "--max-grace-seconds",
-    "0.5",
-    "--resync-seconds",
-    "0.1",
-    "--follow-poll-seconds",
-    "0.05",
-)
 
 StartKube = Callable[..., KubeStandIn]
 
@@ -30,10 +19,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeStandIn]:
-    """One stand-in shared by a test module (tests use unique names; label selectors keep them apart)."""
-    stand_in = start_kube(tmp_path_factory.mktemp("kube"), args=FAST)
+    """One stand-in shared by these tests (they use unique names; label selectors keep them apart)."""
+    stand_in = start_kube(tmp_path_factory.mktemp("kube"), args=(*FAST, "--bookmark-interval-seconds", "0.2"))
     yield stand_in
     stand_in.stop()
 

@@ -12,6 +12,18 @@ import anyio
 
 T = TypeVar("T")
 
+#: Fast clocks for tests: retries, grace periods and resyncs in tenths of a second.
+FAST = (
+    "--retry-backoff-seconds",
+    "0.05",
+    "--max-grace-seconds",
+    "0.5",
+    "--resync-seconds",
+    "0.1",
+    "--follow-poll-seconds",
+    "0.05",
+)
+
 
 def unique_name(prefix: str = "job") -> str:
     """A fresh DNS-1123 name, so tests sharing one stand-in never collide."""
