@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keraunos.examples.calc.agent import REMINDER, Episode, TaskError, read_task, reward_of, solve
+from keraunos.examples.calc.agent import TaskError, read_task
+from keraunos.examples.calc.conversation import REMINDER, Episode, reward_of, solve
 from keraunos.examples.calc.dataset import generate
 from keraunos.examples.calc.protocol import (
     CalcCall,

@@ -14,7 +14,8 @@ import json
 import os
 import sys
 
-from keraunos.examples.calc.agent import openai_chat, reward_of, solve
+from keraunos.examples.calc.agent import openai_chat
+from keraunos.examples.calc.conversation import reward_of, solve
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,6 @@
 """The calc agent: an arithmetic question, a calculator tool the model may call, an exact reward.
 
-`solve` is the conversation loop with the model behind a plain function (messages in, reply text
-out), so it runs against anything: a keraunos rollout, any OpenAI-compatible server, a test script.
+The conversation loop (`solve`) is in `conversation`; this module connects it to the world.
 `CalcAgent.run()` is the rollout entry point (`config.local.agent_class =
 "keraunos.examples.calc.agent:CalcAgent"`): it reads its task from `AGENT_INPUT` (the rollout's input, a JSON
 object with `question` and `answer`), talks to the model through `AGL_OPENAI_BASE_URL` with the
@@ -16,68 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
-from keraunos.examples.calc.protocol import CalcCall, FinalAnswer, is_correct, parse_reply, tool_result
+# Imported here, not in `run()`: a warm worker imports this module once and forks every agent
+# from it, so no agent pays the second of CPU that importing `openai` costs.
+from openai import OpenAI
+
+from keraunos.agent import api_key, emit_reward, openai_base_url
+from keraunos.examples.calc.conversation import Chat, Message, reward_of, solve
 
 #: The environment variable holding the rollout's input (see `keraunos train`'s `input_env`).
 INPUT_ENV = "AGENT_INPUT"
-
-SYSTEM_PROMPT = (
-    "Solve the arithmetic question. To compute, write <calc>EXPRESSION</calc> (integers, + - * / "
-    "and parentheses) and wait for <result>VALUE</result>. End with <answer>NUMBER</answer>."
-)
-REMINDER = "Write <calc>EXPRESSION</calc> to compute, or <answer>NUMBER</answer> to answer."
-
-Message = dict[str, str]
-Chat = Callable[[list[Message]], str]
-
-
-@dataclass
-class Episode:
-    """One conversation: its messages (system first), the final answer if any, and counters."""
-
-    messages: list[Message]
-    answer: str | None = None
-    model_calls: int = 0
-    tool_calls: int = 0
-    replies: list[str] = field(default_factory=list)
-
-
-def first_messages(question: str) -> list[Message]:
-    """The conversation's opening: the protocol as the system prompt, the question as the user turn."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
-
-
-def solve(question: str, chat: Chat, *, max_turns: int = 4) -> Episode:
-    """Talk to the model until it answers or `max_turns` replies were used.
-
-    Each reply is added to the conversation exactly as the model wrote it (so a server can reuse
-    its own token ids), then answered with the calculator's result or the protocol reminder.
-    """
-    episode = Episode(first_messages(question))
-    for _ in range(max_turns):
-        reply = chat(episode.messages)
-        episode.model_calls += 1
-        episode.replies.append(reply)
-        episode.messages.append({"role": "assistant", "content": reply})
-        action = parse_reply(reply)
-        if isinstance(action, FinalAnswer):
-            episode.answer = action.text
-            break
-        if isinstance(action, CalcCall):
-            episode.tool_calls += 1
-            episode.messages.append({"role": "user", "content": tool_result(action.expression)})
-        else:
-            episode.messages.append({"role": "user", "content": REMINDER})
-    return episode
-
-
-def reward_of(episode: Episode, expected: int | str) -> float:
-    """1.0 when the final answer equals `expected` exactly as a number, else 0.0 (no answer: 0.0)."""
-    return 1.0 if episode.answer is not None and is_correct(episode.answer, expected) else 0.0
 
 
 def openai_chat(client: Any, model: str, max_tokens: int) -> Chat:
@@ -119,10 +68,6 @@ class CalcAgent:
 
     def run(self) -> None:
         """Solve the rollout's question through the gateway and post the reward."""
-        from openai import OpenAI
-
-        from keraunos.agent import api_key, emit_reward, openai_base_url
-
         question, expected = read_task(os.environ)
         max_turns = int(os.environ.get("CALC_MAX_TURNS", "4"))
         max_tokens = int(os.environ.get("CALC_MAX_TOKENS", "48"))
