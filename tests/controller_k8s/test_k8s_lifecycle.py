@@ -39,7 +39,7 @@ def test_no_more_jobs_run_than_the_cap_and_creations_keep_to_the_rate_limit(
     release = tmp_path / "release"
     try:
         started = time.time()
-        ids = create_rollouts(k8s.gateway, [rollout("wait", str(release)) for _ in range(5)])
+        ids = create_rollouts(k8s.gateway, [rollout("wait", str(release)) for _ in range(4)])
         wait_for(lambda: len(running_jobs(k8s, "limits")) == 2, 20, "two Jobs to run")
         time.sleep(1.0)  # the rate limit would allow two more by now; the cap does not
         assert len(jobs_of(k8s.kube, "limits")) == 2
@@ -53,7 +53,7 @@ def test_no_more_jobs_run_than_the_cap_and_creations_keep_to_the_rate_limit(
         for r in k8s.kube.controls.request_log()
         if (r["verb"], r["resource"]) == ("create", "jobs") and r["time"] >= started
     )
-    assert len(creates) == 5
+    assert len(creates) == 4
     slack = 0.25  # the stand-in stamps each request when it answers it
     for i, first in enumerate(creates):
         for j in range(i + 1, len(creates)):
