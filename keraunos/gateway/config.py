@@ -40,8 +40,26 @@ class GatewayConfig(LayeredSettings):
     )
     db: str = Field(
         default="keraunos.db",
-        description="SQLite ledger file, relative to the working directory; created if missing. "
-        "Only one gateway may open it at a time.",
+        description="The ledger: a SQLite file (relative to the working directory; created if missing; "
+        "only one gateway may open it at a time), or a PostgreSQL URL "
+        "postgresql://user:password@host:5432/database (also postgres://), which several gateways "
+        "may share.",
+    )
+    db_pool_size: int = Field(
+        default=10,
+        ge=1,
+        description="PostgreSQL ledger: most connections this gateway holds to the database.",
+    )
+    db_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="PostgreSQL ledger: how long connecting, or waiting for a free pooled connection, "
+        "may take before a request fails with 503.",
+    )
+    db_command_timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="PostgreSQL ledger: how long one statement may run before a request fails with 503.",
     )
     served_model: str = Field(
         default="Qwen/Qwen2.5-7B-Instruct",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
+from keraunos.ledger._pg_pool import PoolSettings
 from keraunos.ledger.base import EventDict, Ledger
 from keraunos.ledger.errors import (
     InvalidTransition,
@@ -10,26 +13,42 @@ from keraunos.ledger.errors import (
     LedgerUnavailable,
     RolloutNotFound,
 )
+from keraunos.ledger.postgres import PostgresLedger
 from keraunos.ledger.sqlite import Durability, SqliteLedger
 
 _SQLITE_URL = "sqlite:///"
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://", "postgresql+")
 
 
-def open_ledger(db: str, *, durability: Durability = "normal") -> Ledger:
+def open_ledger(db: str, *, durability: Durability = "normal", pool: PoolSettings | None = None) -> Ledger:
     """The ledger `db` names, not yet opened (call `open()` or use `async with`).
 
     `db` is a file path or a `sqlite:///path` URL (SQLAlchemy's spelling: `sqlite:////abs/path`
-    for an absolute path) for SQLite; `postgresql://...` is refused until that backend exists.
+    for an absolute path) for SQLite, or a `postgresql://user:password@host:port/database` URL
+    (also `postgres://`, and SQLAlchemy's `postgresql+driver://`) for PostgreSQL, whose connection
+    pool `pool` sizes. `durability` applies to SQLite; PostgreSQL commits as its server is set up.
     """
     if db.startswith(_POSTGRES_SCHEMES):
-        raise LedgerError(
-            "PostgreSQL support is not available yet; use a SQLite ledger (--db /path/to/ledger.db)"
-        )
+        return PostgresLedger(postgres_dsn(db), pool=pool)
     path = db[len(_SQLITE_URL) :] if db.startswith(_SQLITE_URL) else db
     if not path or "://" in path:
         raise LedgerError(f"cannot open ledger {db!r}: give a file path or a sqlite:///path URL")
     return SqliteLedger(path, durability=durability)
+
+
+def postgres_dsn(db: str) -> str:
+    """The asyncpg DSN of a PostgreSQL `--db` URL; `LedgerError` for one that cannot be right."""
+    dsn = "postgresql://" + db.split("://", 1)[1]
+    try:
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError as exc:
+        raise LedgerError(f"cannot open ledger {db!r}: not a valid PostgreSQL URL ({exc})") from exc
+    if not parts.path.strip("/"):
+        raise LedgerError(
+            f"cannot open ledger {db!r}: name the database, as in postgresql://user@host:5432/keraunos"
+        )
+    return dsn
 
 
 __all__ = [
@@ -40,6 +59,8 @@ __all__ = [
     "LedgerError",
     "LedgerLocked",
     "LedgerUnavailable",
+    "PoolSettings",
+    "PostgresLedger",
     "RolloutNotFound",
     "SqliteLedger",
     "open_ledger",

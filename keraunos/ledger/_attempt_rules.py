@@ -88,6 +88,14 @@ def lost_reason(target: Target) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What a finish did: the attempt after it, and whether the rollout became terminal just now."""
+
+    attempt: AttemptDetail
+    became_terminal: bool
+
+
 #: What an ended attempt does to a rollout that was waiting on it.
 Decision = RolloutState | float
 

@@ -10,11 +10,11 @@ async side raises it after the commit.
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from typing import Any
 
 from keraunos.ledger._attempt_rules import (
     ATTEMPT_COLUMNS,
+    Finished,
     after_attempt,
     attempt_from_row,
     decides,
@@ -36,7 +36,11 @@ from keraunos.protocol import (
     failure_summary,
 )
 
-__all__ = ["ATTEMPT_COLUMNS", "attempt_from_row"]  # re-exported: older callers import them from here
+__all__ = [
+    "ATTEMPT_COLUMNS",
+    "Finished",
+    "attempt_from_row",
+]  # re-exported: older callers import them from here
 _SELECT_ATTEMPTS = (
     f"SELECT {ATTEMPT_COLUMNS} FROM attempts "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) ORDER BY seq"
@@ -161,14 +165,6 @@ def heartbeat(
         (now + length, length, target.pk, attempt_id),
     ).fetchone()
     return attempt_from_row(row)
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """What `finish` did: the attempt after it, and whether the rollout became terminal just now."""
-
-    attempt: AttemptDetail
-    became_terminal: bool
 
 
 def finish(

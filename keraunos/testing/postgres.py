@@ -79,11 +79,25 @@ class PostgresServer:
         """The DSN of another database on this server."""
         return f"postgresql://{SERVER_USER}@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, prefix: str = "t") -> str:
-        """Create an empty database `<prefix>_<random>` and return its DSN."""
+    def create_database(self, prefix: str = "t", *, template: str | None = None) -> str:
+        """Create a database `<prefix>_<random>` and return its DSN.
+
+        It is empty, or a copy of the database `template` (which nobody may be connected to).
+        """
         name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-        self.execute(f'CREATE DATABASE "{name}"')
-        return self.dsn_for(name)
+        sql = f'CREATE DATABASE "{name}"'
+        if template is not None:
+            sql += f' TEMPLATE "{template}"'
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.execute(sql)
+                return self.dsn_for(name)
+            except asyncpg.ObjectInUseError:
+                # The template's last client has disconnected, but its backend has not exited yet.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     def execute(self, sql: str, database: str = "postgres") -> None:
         """Run one SQL statement as the superuser (safe to call from inside an event loop)."""
@@ -111,7 +125,8 @@ class PostgresServer:
         _wait_ready(self, ready_timeout)
 
     def stop(self) -> None:
-        """Fast shutdown (SIGINT), then remove the data directory. Safe to call twice."""
+        """Stop at once and remove the data directory (nothing of it is kept, so no shutdown
+        checkpoint is waited for). Safe to call twice."""
         self._cleanup()
 
 
@@ -285,11 +300,7 @@ def _cleanup_once(server: PostgresServer, root: Path) -> Callable[[], None]:
         if done.is_set():
             return
         done.set()
-        if server.process.poll() is None:
-            server.process.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                server.process.wait(30)
-            server.kill()
+        server.kill()
         shutil.rmtree(root, ignore_errors=True)
 
     return cleanup

@@ -313,12 +313,6 @@ def test_open_ledger_picks_sqlite_for_paths_and_sqlite_urls(tmp_path: Path) -> N
     assert isinstance(relative, SqliteLedger) and relative.path == os.path.abspath("ledger.db")
 
 
-@pytest.mark.parametrize("db", ["postgresql://u@h/db", "postgres://h/db", "postgresql+psycopg://h/db"])
-def test_open_ledger_says_postgresql_is_not_there_yet(db: str) -> None:
-    with pytest.raises(LedgerError, match="PostgreSQL support is not available yet"):
-        open_ledger(db)
-
-
 @pytest.mark.parametrize("db", ["", "mysql://h/db", "sqlite://"])
 def test_open_ledger_refuses_what_it_cannot_open(db: str) -> None:
     with pytest.raises(LedgerError):

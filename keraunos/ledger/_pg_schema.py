@@ -1,0 +1,221 @@
+"""Schema of the PostgreSQL ledger as numbered migration steps, applied in order on open.
+
+The table `keraunos_schema` records how many steps a database has seen. Every replica runs
+`migrate` when it opens; the steps run under a transaction-scoped advisory lock, so two replicas
+starting together on an empty database take turns: the first creates everything, the second finds
+it done. A step is never edited once it has shipped: a schema change is a new step.
+
+The tables mirror the SQLite ledger's (same columns, same meaning), with two differences that
+concurrency on a shared server asks for:
+
+- the terminal cursor's position is taken by a BEFORE trigger that increments the counter row in
+  the terminal transition's own transaction. The counter row stays locked until that transaction
+  commits, so positions are handed out in commit order and a reader never sees position N+1
+  without N (a sequence would not do: it hands out numbers that commit out of order);
+- `keraunos_append_call` appends a `model_request` under a per-attempt advisory lock, refusing it
+  when the caller's delta base is no longer the attempt's last call (another replica wrote one),
+  so every stored delta chain is the attempt's real call order.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from keraunos.ledger._pg_pool import fetch_int
+from keraunos.ledger.errors import LedgerError
+
+#: Advisory lock key held while migrating ("keraschm" in ASCII), distinct from other keraunos locks.
+SCHEMA_LOCK = 0x6B65726173636D6D
+
+#: Step N (1-based) brings a database from version N-1 to N. Each runs in its own transaction.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: everything the SQLite ledger has at its version 3.
+    """
+    CREATE TABLE rollouts (
+        id              bigserial PRIMARY KEY,            -- internal key, creation order
+        rollout_id      text NOT NULL UNIQUE,
+        state           text NOT NULL,
+        is_train        boolean NOT NULL,
+        input           bytea NOT NULL,                   -- {"input": input} as codec JSON
+        config          bytea NOT NULL,                   -- RolloutConfig as codec JSON
+        metadata        bytea NOT NULL,                   -- RolloutMetadata as codec JSON
+        data_id         text NOT NULL,                    -- data_id_of(input)
+        group_id        text,                             -- metadata.data_id, for the terminal cursor
+        k8s_job_name    text,
+        last_attempt_id text,
+        error_message   text,
+        version         bigint NOT NULL,
+        created_at      double precision NOT NULL,
+        updated_at      double precision NOT NULL,
+        terminal_pos    bigint UNIQUE,                    -- position in the terminal cursor
+        retry_at        double precision                  -- claimable again from then (between attempts)
+    );
+    CREATE INDEX rollouts_by_state ON rollouts (state, id);
+    CREATE INDEX rollouts_by_retry_at ON rollouts (retry_at, id) WHERE retry_at IS NOT NULL;
+
+    CREATE TABLE events (
+        id          bigserial PRIMARY KEY,                -- arrival order
+        rollout     bigint NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        attempt_id  text NOT NULL,
+        event_type  text NOT NULL,
+        timestamp   double precision NOT NULL,
+        data        bytea NOT NULL                        -- keraunos.ledger._codec encoding
+    );
+    CREATE INDEX events_by_attempt ON events (rollout, attempt_id, id);
+
+    CREATE TABLE models (
+        id        bigserial PRIMARY KEY,                  -- registration order
+        model     text NOT NULL,
+        endpoint  text NOT NULL,
+        version   bigint NOT NULL,
+        UNIQUE (model, endpoint)
+    );
+
+    CREATE TABLE attempts (
+        rollout          bigint NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        seq              integer NOT NULL,                -- 1, 2, ... in claim order
+        attempt_id       text NOT NULL,                   -- str(seq)
+        state            text NOT NULL,                   -- AttemptState
+        controller       text,
+        started_at       double precision NOT NULL,
+        lease_seconds    double precision NOT NULL,
+        lease_expires_at double precision,                -- set while running
+        ended_at         double precision,
+        outcome          text,
+        exit_code        integer,
+        reason           text,
+        PRIMARY KEY (rollout, seq),
+        UNIQUE (rollout, attempt_id)
+    );
+    CREATE INDEX attempts_live_by_lease ON attempts (lease_expires_at) WHERE state = 'running';
+
+    CREATE TABLE attempt_logs (
+        rollout         bigint NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        attempt_id      text NOT NULL,
+        text            bytea NOT NULL,
+        truncated_bytes bigint NOT NULL,
+        updated_at      double precision NOT NULL,
+        PRIMARY KEY (rollout, attempt_id)
+    );
+
+    -- Counters that must survive the rows they count (a deleted rollout keeps its position).
+    CREATE TABLE counters (
+        name  text PRIMARY KEY,
+        value bigint NOT NULL
+    );
+    INSERT INTO counters (name, value) VALUES ('terminal_positions', 0);
+
+    -- A rollout moving into a terminal state takes the next terminal position. The UPDATE of the
+    -- counter row locks it until this transaction ends: positions follow commit order.
+    CREATE FUNCTION keraunos_take_terminal_position() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE counters SET value = value + 1 WHERE name = 'terminal_positions'
+            RETURNING value INTO NEW.terminal_pos;
+        NEW.retry_at := NULL;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER rollouts_take_terminal_position
+    BEFORE UPDATE OF state ON rollouts
+    FOR EACH ROW
+    WHEN (NEW.state IN ('succeeded', 'failed') AND OLD.state NOT IN ('succeeded', 'failed'))
+    EXECUTE FUNCTION keraunos_take_terminal_position();
+
+    -- A rollout made terminal by anyone (a status patch, a v1.0 client) ends its live attempt in
+    -- the same transaction, so that attempt's agent token is fenced at once.
+    CREATE FUNCTION keraunos_end_live_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE attempts SET state = 'cancelled', ended_at = NEW.updated_at, lease_expires_at = NULL,
+            reason = 'the rollout was set to ' || NEW.state || ' by a status patch'
+        WHERE rollout = NEW.id AND state = 'running';
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER rollouts_end_live_attempt
+    AFTER UPDATE OF state ON rollouts
+    FOR EACH ROW
+    WHEN (NEW.state IN ('succeeded', 'failed') AND OLD.state NOT IN ('succeeded', 'failed'))
+    EXECUTE FUNCTION keraunos_end_live_attempt();
+
+    -- Append a model_request to (rollout, attempt). `base` is the id of the call the blob is a
+    -- delta against (NULL: a full blob, valid whatever came before). Returns the new event id,
+    -- NULL for an unknown rollout, or -1 when `base` is no longer the attempt's last call (the
+    -- caller encodes the call in full and appends again). The advisory lock serialises appends to
+    -- one attempt, and each statement below sees what committed before it was taken.
+    CREATE FUNCTION keraunos_append_call(
+        p_rollout_id text, p_attempt_id text, p_timestamp double precision, p_data bytea, p_base bigint
+    ) RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE
+        r bigint;
+        last_call bigint;
+        new_id bigint;
+    BEGIN
+        SELECT id INTO r FROM rollouts WHERE rollout_id = p_rollout_id;
+        IF r IS NULL THEN
+            RETURN NULL;
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtext(p_rollout_id), hashtext(p_attempt_id));
+        SELECT max(id) INTO last_call FROM events
+            WHERE rollout = r AND attempt_id = p_attempt_id AND event_type = 'model_request';
+        IF p_base IS NOT NULL AND last_call IS DISTINCT FROM p_base THEN
+            RETURN -1;
+        END IF;
+        INSERT INTO events (rollout, attempt_id, event_type, timestamp, data)
+            VALUES (r, p_attempt_id, 'model_request', p_timestamp, p_data)
+            RETURNING id INTO new_id;
+        RETURN new_id;
+    END $$;
+    """,
+)
+
+LATEST_VERSION = len(MIGRATIONS)
+
+_CREATE_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS keraunos_schema (
+    id      smallint PRIMARY KEY CHECK (id = 1),
+    version integer NOT NULL
+);
+INSERT INTO keraunos_schema (id, version) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+"""
+
+
+async def migrate(conn: asyncpg.Connection, where: str) -> int:
+    """Bring the database on `conn` to `LATEST_VERSION`; returns the version it was at.
+
+    Safe to run from several processes at once (an advisory lock orders them). A database newer
+    than this code is refused rather than written to with a schema it does not understand.
+    """
+    # Fast path, no lock: an up-to-date database (every replica but the first) costs one read.
+    current = await _version(conn)
+    if current == LATEST_VERSION:
+        return LATEST_VERSION
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+        await conn.execute(_CREATE_VERSION_TABLE)
+        found = await fetch_int(conn, "SELECT version FROM keraunos_schema WHERE id = 1")
+    _check_not_newer(found, where)
+    for version in range(found + 1, LATEST_VERSION + 1):
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
+                current = await fetch_int(conn, "SELECT version FROM keraunos_schema WHERE id = 1 FOR UPDATE")
+                if current >= version:  # another replica got there first
+                    continue
+                await conn.execute(MIGRATIONS[version - 1])
+                await conn.execute("UPDATE keraunos_schema SET version = $1 WHERE id = 1", version)
+        except asyncpg.PostgresError as exc:
+            raise LedgerError(f"ledger {where}: schema migration {version} failed: {exc}") from exc
+    return found
+
+
+async def _version(conn: asyncpg.Connection) -> int | None:
+    exists = await conn.fetchval("SELECT to_regclass('keraunos_schema') IS NOT NULL")
+    if not exists:
+        return None
+    return await fetch_int(conn, "SELECT version FROM keraunos_schema WHERE id = 1")
+
+
+def _check_not_newer(found: int, where: str) -> None:
+    if found > LATEST_VERSION:
+        raise LedgerError(
+            f"ledger {where} has schema version {found}, but this keraunos only knows up to "
+            f"{LATEST_VERSION}; upgrade keraunos or pass a different --db"
+        )

@@ -1,0 +1,460 @@
+"""The PostgreSQL ledger: several gateways share one database, each with a pool of connections.
+
+Why asyncpg and not psycopg 3 (through SQLAlchemy Core or alone): the gateway is an asyncio
+program whose hot path (a proxied model call) is a few small statements, so what counts is the
+cost per round trip in the event loop. asyncpg speaks the binary protocol natively, prepares and
+caches every statement per connection by itself, and returns `bytea` as `bytes` without copies;
+psycopg 3's async mode is a thinner layer over libpq, and SQLAlchemy Core would add a query
+compiler and a second connection pool to code that writes its SQL by hand anyway (as the SQLite
+ledger does). What psycopg would give us (the sync API, the server-side COPY helpers) we do not use.
+
+How it differs from SQLite, for the same `Ledger` contract (`_pg_schema.py` has the details):
+
+- `open()` takes no exclusive lock: any number of gateways open one database. The schema is
+  migrated under an advisory lock, so replicas starting together take turns.
+- Every write is its own transaction, committed before the method returns (there is no group
+  commit across calls: PostgreSQL's own WAL flush batches concurrent commits).
+- Claims use `FOR UPDATE SKIP LOCKED`; the terminal cursor's counter row is incremented by a
+  trigger in the terminal transition's transaction, so positions are gap-free in commit order.
+- A lost server, a refused connection or a query past `command_timeout_s` raises
+  `LedgerUnavailable` (the gateway answers 503); nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from keraunos.ledger import _pg_attempts as attempts
+from keraunos.ledger._codec import encode_json
+from keraunos.ledger._pg_events import ChainCache, append_call
+from keraunos.ledger._pg_pool import Pool, PoolSettings, row_count
+from keraunos.ledger._pg_schema import migrate
+from keraunos.ledger._rows import (
+    PATCHABLE,
+    ROLLOUT_COLUMNS,
+    created_rollout,
+    fresh_rollout_id,
+    group_id_of,
+    insert_values,
+    rollout_from_row,
+    transition_sources,
+)
+from keraunos.ledger._sqlite_events import MODEL_REQUEST, EventRow, decode_events, decode_triplet_events
+from keraunos.ledger.base import AttemptLog, Claim, EventDict, Ledger
+from keraunos.ledger.errors import (
+    AttemptConflict,
+    InvalidTransition,
+    LedgerError,
+    RolloutNotFound,
+)
+from keraunos.protocol import (
+    TERMINAL_STATES,
+    AttemptDetail,
+    AttemptOutcome,
+    Model,
+    Rollout,
+    RolloutCreate,
+    RolloutState,
+    RolloutStatusPatch,
+    TerminalItem,
+    TerminalPage,
+)
+
+_SELECT_ROLLOUT = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1"
+# Rows are inserted in item order (WITH ORDINALITY), so creation order is item order; an id that
+# exists already, or repeats an earlier item of the call, inserts nothing and returns no `ord`.
+_INSERT_ROLLOUTS = """
+INSERT INTO rollouts (rollout_id, input, is_train, config, metadata, data_id, group_id, state,
+                      version, created_at, updated_at)
+SELECT i.rollout_id, i.input, i.is_train, i.config, i.metadata, i.data_id, i.group_id, 'queuing',
+       1, $8, $8
+FROM unnest($1::text[], $2::bytea[], $3::boolean[], $4::bytea[], $5::bytea[], $6::text[], $7::text[])
+     WITH ORDINALITY AS i (rollout_id, input, is_train, config, metadata, data_id, group_id, ord)
+ORDER BY i.ord
+ON CONFLICT (rollout_id) DO NOTHING
+RETURNING rollout_id
+"""
+_INSERT_EVENT = (
+    "INSERT INTO events (rollout, attempt_id, event_type, timestamp, data) "
+    "SELECT id, $1, $2, $3, $4 FROM rollouts WHERE rollout_id = $5"
+)
+_SELECT_EVENTS = (
+    "SELECT event_type, timestamp, data FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2 ORDER BY id"
+)
+_SELECT_EVENTS_OF_TYPE = (
+    "SELECT event_type, timestamp, data FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2 "
+    "AND event_type = $3 ORDER BY id"
+)
+# One statement, so one snapshot: the counter and the rows agree (every position up to `total`
+# is committed and visible), and `next_after` never skips a later commit.
+_TERMINAL_PAGE = """
+SELECT c.value AS total, r.rollout_id, r.state, r.data_id, r.is_train, r.group_id
+FROM counters c
+LEFT JOIN rollouts r ON r.terminal_pos > $1 AND r.terminal_pos <= least($2, c.value)
+WHERE c.name = 'terminal_positions'
+ORDER BY r.terminal_pos
+"""
+#: Event lists at least this long are decoded in a worker thread, not on the event loop.
+_DECODE_IN_THREAD = 64
+
+
+def describe_dsn(dsn: str) -> str:
+    """The DSN without its password, for messages and logs."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class PostgresLedger(Ledger):
+    """A `Ledger` in a PostgreSQL database (`dsn`: `postgresql://user@host:port/db`).
+
+    Any number of `PostgresLedger`s, in one process or many, may have one database open. `pool`
+    sets the connection pool's size and time limits; `context_cache_size` is how many attempts
+    this process remembers the last model call of, to store the next call as a delta.
+    """
+
+    def __init__(self, dsn: str, *, pool: PoolSettings | None = None, context_cache_size: int = 4096) -> None:
+        self.dsn = dsn
+        self.where = describe_dsn(dsn)
+        self._pool = Pool(dsn, self.where, pool or PoolSettings())
+        self._chains = ChainCache(context_cache_size)
+        self._open = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._open:
+            raise LedgerError(f"ledger {self.where} is already open")
+        try:
+            await self._pool.open()
+        except asyncpg.PostgresError as exc:  # a refused login, a missing database, ...
+            raise LedgerError(f"ledger {self.where}: cannot connect: {exc}") from exc
+        except (ValueError, asyncpg.InterfaceError) as exc:  # a malformed DSN
+            raise LedgerError(f"ledger {self.where}: {exc}") from exc
+        try:
+            await self._pool.run(lambda conn: migrate(conn, self.where))
+        except BaseException:
+            await self._pool.close()
+            raise
+        self._chains.clear()
+        self._open = True
+
+    async def close(self) -> None:
+        self._open = False
+        await self._pool.close()
+
+    # -- rollouts -------------------------------------------------------------------------------
+
+    async def create_rollouts(self, items: Sequence[RolloutCreate], now: float) -> list[Rollout]:
+        items = list(items)
+        if not items:
+            return []
+        values = [insert_values(item, now) for item in items]
+        for item, row in zip(items, values, strict=True):
+            row[0] = row[0] if item.rollout_id is not None else fresh_rollout_id()
+        columns = [[row[k] for row in values] for k in range(6)]
+        group_ids = [group_id_of(item.metadata) for item in items]
+
+        async def op(conn: asyncpg.Connection) -> list[Rollout]:
+            while True:
+                inserted = {row[0] for row in await conn.fetch(_INSERT_ROLLOUTS, *columns, group_ids, now)}
+                # A fresh random id that is taken already (never in practice): draw again.
+                clashes = [
+                    k
+                    for k, item in enumerate(items)
+                    if item.rollout_id is None and columns[0][k] not in inserted
+                ]
+                if not clashes:
+                    break
+                for k in clashes:
+                    columns[0][k] = fresh_rollout_id()
+            out: list[Rollout] = []
+            first_of: set[str] = set()
+            for k, item in enumerate(items):
+                rollout_id = columns[0][k]
+                if rollout_id in inserted and rollout_id not in first_of:
+                    first_of.add(rollout_id)
+                    out.append(created_rollout(item, rollout_id, now))
+                else:  # idempotent: the existing rollout (or the call's first item), untouched
+                    row = await conn.fetchrow(_SELECT_ROLLOUT, rollout_id)
+                    out.append(rollout_from_row(row))
+            return out
+
+        return await self._pool.transaction(op)
+
+    async def get_rollout(self, rollout_id: str) -> Rollout | None:
+        row = await self._pool.fetchrow(_SELECT_ROLLOUT, rollout_id)
+        return None if row is None else rollout_from_row(row)
+
+    async def list_rollouts(self, states: Sequence[RolloutState], limit: int) -> list[Rollout]:
+        wanted = list(dict.fromkeys(RolloutState(s).value for s in states))
+        if not wanted or limit < 1:
+            return []
+        rows = await self._pool.fetch(
+            f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE state = ANY($1::text[]) ORDER BY id LIMIT $2",
+            wanted,
+            limit,
+        )
+        return [rollout_from_row(row) for row in rows]
+
+    async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
+        fields = tuple(name for name in PATCHABLE if name in patch.model_fields_set)
+        target = patch.state  # an explicit null state means "leave it", like an omitted one
+        if target is None and not fields:
+            found = await self.get_rollout(rollout_id)
+            if found is None:
+                raise RolloutNotFound(rollout_id)
+            return found
+        args: list[Any] = [rollout_id, now, *(getattr(patch, name) for name in fields)]
+        if target is not None:
+            args.append(target.value)
+        # One statement checks the transition, applies the patch and returns the new row; the
+        # schema's triggers take a terminal position and end the live attempt in the same
+        # transaction. Only when it matched nothing do we look at why.
+        row = await self._pool.fetchrow(_patch_sql(fields, target), *args)
+        if row is None:
+            state = await self._pool.run(
+                lambda conn: conn.fetchval("SELECT state FROM rollouts WHERE rollout_id = $1", rollout_id)
+            )
+            if state is None:
+                raise RolloutNotFound(rollout_id)
+            assert target is not None
+            raise InvalidTransition(rollout_id, state, target.value)
+        return rollout_from_row(row)
+
+    async def delete_rollout(self, rollout_id: str) -> None:
+        # Its events, attempts and logs go with it (ON DELETE CASCADE); the terminal counter stays.
+        await self._pool.execute("DELETE FROM rollouts WHERE rollout_id = $1", rollout_id)
+
+    async def terminal_page(self, after: int, limit: int) -> TerminalPage:
+        after = max(0, after)
+        limit = max(1, limit)
+        rows = await self._pool.fetch(_TERMINAL_PAGE, after, after + limit)
+        total = rows[0]["total"] if rows else 0
+        items = [
+            TerminalItem(
+                rollout_id=row["rollout_id"],
+                state=RolloutState(row["state"]),
+                data_id=row["data_id"],
+                is_train=row["is_train"],
+                group_id=row["group_id"],
+            )
+            for row in rows
+            if row["rollout_id"] is not None
+        ]
+        return TerminalPage(
+            items=items, next_after=max(after, min(after + limit, total)), total_terminal=total
+        )
+
+    # -- attempts -------------------------------------------------------------------------------
+
+    async def attempts_with_events(self, rollout_id: str) -> list[str]:
+        rows = await self._pool.fetch(
+            "SELECT attempt_id FROM events "
+            "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) "
+            "GROUP BY attempt_id ORDER BY min(id)",
+            rollout_id,
+        )
+        return [row[0] for row in rows]
+
+    async def claim_rollouts(
+        self, controller_id: str, count: int, lease_seconds: float, now: float
+    ) -> list[Claim]:
+        claimed = await self._pool.transaction(
+            lambda conn: attempts.claim(conn, controller_id, count, lease_seconds, now)
+        )
+        return [
+            Claim(rollout_from_row(attempts.rollout_columns_of(row)), attempt) for row, attempt in claimed
+        ]
+
+    async def heartbeat_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        controller_id: str | None,
+        lease_seconds: float | None,
+        now: float,
+    ) -> AttemptDetail:
+        result = await self._pool.transaction(
+            lambda conn: attempts.heartbeat(conn, rollout_id, attempt_id, controller_id, lease_seconds, now)
+        )
+        if isinstance(result, AttemptConflict):
+            raise result
+        return result
+
+    async def finish_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        outcome: AttemptOutcome,
+        exit_code: int | None,
+        reason: str | None,
+        controller_id: str | None,
+        now: float,
+    ) -> tuple[Rollout, AttemptDetail]:
+        async def op(conn: asyncpg.Connection) -> tuple[Rollout, AttemptDetail] | AttemptConflict:
+            result = await attempts.finish(
+                conn, rollout_id, attempt_id, outcome, exit_code, reason, controller_id, now
+            )
+            if isinstance(result, AttemptConflict):
+                return result
+            rollout = rollout_from_row(await conn.fetchrow(_SELECT_ROLLOUT, rollout_id))
+            return rollout, result.attempt
+
+        result = await self._pool.transaction(op)
+        if isinstance(result, AttemptConflict):
+            raise result
+        return result
+
+    async def expire_attempts(self, now: float, limit: int = 1000) -> list[tuple[str, str]]:
+        due = await self._pool.run(lambda conn: attempts.due_attempts(conn, now, limit))
+        ended: list[tuple[str, str]] = []
+        # One transaction per attempt: each locks only its own rollout, so a sweep never holds the
+        # terminal counter while it waits for another rollout (no deadlock with a status patch).
+        for rollout_id, attempt_id in due:
+
+            async def lose(conn: asyncpg.Connection, r: str = rollout_id, a: str = attempt_id) -> bool:
+                return await attempts.lose_if_expired(conn, r, a, now)
+
+            if await self._pool.transaction(lose):
+                ended.append((rollout_id, attempt_id))
+        return ended
+
+    async def list_attempts(self, rollout_id: str) -> list[AttemptDetail]:
+        return await self._pool.run(lambda conn: attempts.list_attempts(conn, rollout_id))
+
+    async def get_attempt(self, rollout_id: str, attempt_id: str) -> AttemptDetail | None:
+        return await self._pool.run(lambda conn: attempts.get_attempt(conn, rollout_id, attempt_id))
+
+    async def put_attempt_log(
+        self, rollout_id: str, attempt_id: str, text: bytes, truncated_bytes: int, now: float
+    ) -> None:
+        status = await self._pool.execute(
+            "INSERT INTO attempt_logs (rollout, attempt_id, text, truncated_bytes, updated_at) "
+            "SELECT id, $1, $2, $3, $4 FROM rollouts WHERE rollout_id = $5 "
+            "ON CONFLICT (rollout, attempt_id) DO UPDATE SET text = excluded.text, "
+            "truncated_bytes = excluded.truncated_bytes, updated_at = excluded.updated_at",
+            attempt_id,
+            text,
+            truncated_bytes,
+            now,
+            rollout_id,
+        )
+        if row_count(status) == 0:
+            raise RolloutNotFound(rollout_id)
+
+    async def get_attempt_log(self, rollout_id: str, attempt_id: str) -> AttemptLog | None:
+        row = await self._pool.fetchrow(
+            "SELECT text, truncated_bytes, updated_at FROM attempt_logs "
+            "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2",
+            rollout_id,
+            attempt_id,
+        )
+        return None if row is None else AttemptLog(bytes(row[0]), row[1], row[2])
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def append_event(
+        self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], now: float
+    ) -> EventDict:
+        if event_type == MODEL_REQUEST:
+            chains = self._chains
+            await self._pool.run(lambda conn: append_call(conn, chains, rollout_id, attempt_id, data, now))
+        else:
+            status = await self._pool.execute(
+                _INSERT_EVENT, attempt_id, event_type, now, encode_json(data), rollout_id
+            )
+            if row_count(status) == 0:
+                raise RolloutNotFound(rollout_id)
+        return {
+            "event_type": event_type,
+            "rollout_id": rollout_id,
+            "attempt_id": attempt_id,
+            "timestamp": now,
+            "data": data,
+        }
+
+    async def list_events(
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+    ) -> list[EventDict]:
+        rows = await self._event_rows(rollout_id, attempt_id, event_type)
+        if len(rows) < _DECODE_IN_THREAD:
+            return decode_events(rollout_id, attempt_id, rows)
+        return await asyncio.to_thread(decode_events, rollout_id, attempt_id, rows)
+
+    async def list_triplet_events(
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+    ) -> list[EventDict]:
+        rows = await self._event_rows(rollout_id, attempt_id, event_type)
+        if len(rows) < _DECODE_IN_THREAD:
+            return decode_triplet_events(rollout_id, attempt_id, rows)
+        return await asyncio.to_thread(decode_triplet_events, rollout_id, attempt_id, rows)
+
+    async def _event_rows(self, rollout_id: str, attempt_id: str, event_type: str | None) -> list[EventRow]:
+        # With a filter, model_request rows are still all read (in order) when the filter is
+        # model_request, which is all the context chain needs; other types carry no context.
+        if event_type is None:
+            records = await self._pool.fetch(_SELECT_EVENTS, rollout_id, attempt_id)
+        else:
+            records = await self._pool.fetch(_SELECT_EVENTS_OF_TYPE, rollout_id, attempt_id, event_type)
+        return [(r[0], r[1], r[2]) for r in records]
+
+    # -- model endpoints ------------------------------------------------------------------------
+
+    async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
+        params = [(m.model, m.endpoint, m.version) for m in models]
+        if params:
+            # An update keeps the endpoint's original registration position (its row id).
+            await self._pool.transaction(
+                lambda conn: conn.executemany(
+                    "INSERT INTO models (model, endpoint, version) VALUES ($1, $2, $3) "
+                    "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version",
+                    params,
+                )
+            )
+        return [Model(model=m, endpoint=e, version=v) for m, e, v in params]
+
+    async def list_models(self, model: str | None = None) -> list[Model]:
+        rows = await self._pool.fetch(
+            "SELECT model, endpoint, version FROM models WHERE $1::text IS NULL OR model = $1 ORDER BY id",
+            model,
+        )
+        return [Model(model=m, endpoint=e, version=v) for m, e, v in rows]
+
+    async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
+        status = await self._pool.execute(
+            "DELETE FROM models WHERE ($1::text IS NULL OR model = $1) AND ($2::text IS NULL OR endpoint = $2)",
+            model,
+            endpoint,
+        )
+        return row_count(status)
+
+
+@functools.cache
+def _patch_sql(fields: tuple[str, ...], target: RolloutState | None) -> str:
+    """The UPDATE for one shape of patch: $1 rollout id, $2 now, then the fields, then the state.
+
+    With a target state it only matches a rollout whose current state may move there."""
+    sets = [f"{name} = ${k}" for k, name in enumerate(fields, start=3)]
+    where = "rollout_id = $1"
+    if target is not None:
+        sets.append(f"state = ${len(fields) + 3}")
+        sources = ", ".join(f"'{s}'" for s in transition_sources(target))
+        where += f" AND state IN ({sources})" if sources else " AND false"
+    if target in TERMINAL_STATES or "last_attempt_id" in fields:
+        # A terminal rollout is never claimed again; one whose attempt a v1.0 client set itself
+        # is that client's to run, so a pending retry is dropped.
+        sets.append("retry_at = NULL")
+    sets += ["version = version + 1", "updated_at = $2"]
+    return f"UPDATE rollouts SET {', '.join(sets)} WHERE {where} RETURNING {ROLLOUT_COLUMNS}"
