@@ -79,12 +79,18 @@ def serve_gateway(config: GatewayConfig) -> int:
 
 
 async def _serve(config: GatewayConfig) -> int:
-    from keraunos.ledger import LedgerError, open_ledger
+    from keraunos.ledger import LedgerError, PoolSettings, open_ledger
 
     # The ledger first, before the web stack is even imported: a second gateway on the same file
     # fails fast, says why, and never binds the port.
     try:
-        ledger = open_ledger(config.db, durability=config.durability)
+        pool = PoolSettings(
+            max_size=config.db_pool_size,
+            connect_timeout_s=config.db_timeout_s,
+            acquire_timeout_s=config.db_timeout_s,
+            command_timeout_s=config.db_command_timeout_s,
+        )
+        ledger = open_ledger(config.db, durability=config.durability, pool=pool)
         await ledger.open()
     except LedgerError as exc:
         typer.echo(f"error: {exc}", err=True)
