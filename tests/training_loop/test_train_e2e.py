@@ -116,6 +116,16 @@ def test_train_raises_a_learnable_reward_and_every_call_carries_the_version_it_w
     # The sampler's log probs are the trainer's (same weights, same temperature).
     assert max(r["train/logprob_diff_max"] for r in records) < 1e-4
     assert (run_dir / "checkpoints").is_dir()
+    # TensorBoard got the same scalars: one point per step under each metrics.jsonl key.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    assert {"reward_mean", "version", "rows/calls", "train/logprob_diff_max"} <= set(board.Tags()["scalars"])
+    for key in ("reward_mean", "version"):
+        points = board.Scalars(key)
+        assert [p.step for p in points] == list(range(STEPS))
+        assert [p.value for p in points] == pytest.approx([r[key] for r in records], rel=1e-6)
 
     # During the run, after a swap, the registry and the server reported the same new version.
     assert any(registered == served and registered >= 1 for registered, served in watch.seen), watch.seen
