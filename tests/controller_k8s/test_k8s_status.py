@@ -93,6 +93,7 @@ def test_the_bucket_starts_full_then_paces() -> None:
 
 def test_the_book_applies_watch_events_and_a_seed_never_overrides_newer_news() -> None:
     book = JobBook()
+    book.track("a")
     book.apply("ADDED", job("a", rv="5"))
     book.seed(job("a", rv="3"))
     assert book.job("a") == job("a", rv="5")
@@ -105,6 +106,7 @@ def test_the_book_applies_watch_events_and_a_seed_never_overrides_newer_news() -
 def test_a_relist_deletes_what_is_missing_but_not_what_appeared_after_it_began() -> None:
     async def scenario() -> JobBook:
         book = JobBook()
+        book.track("gone")
         book.apply("ADDED", job("gone"))
         book.apply("ADDED", job("kept"))
         listed_since = asyncio.get_running_loop().time() + 1e9  # everything above was seen before the list
@@ -115,6 +117,18 @@ def test_a_relist_deletes_what_is_missing_but_not_what_appeared_after_it_began()
     book = asyncio.run(scenario())
     assert book.deleted("gone")
     assert job_end(book.job("kept") or {}) == JobEnd("complete")
+
+
+def test_the_book_forgets_deletions_of_jobs_nobody_tracks() -> None:
+    book = JobBook()
+    book.apply("ADDED", job("old"))
+    book.apply("DELETED", job("old"))
+    assert not book.deleted("old") and book.job("old") is None and book.jobs() == []
+    book.track("mine")
+    book.apply("DELETED", job("mine"))
+    assert book.deleted("mine")
+    book.forget("mine")
+    assert not book.deleted("mine")
 
 
 def test_waiting_on_a_job_returns_when_it_changes_or_is_poked() -> None:

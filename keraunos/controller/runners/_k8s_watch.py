@@ -27,10 +27,15 @@ log = structlog.get_logger("keraunos.controller")
 
 
 class JobBook:
-    """The latest known object of each Job by name, which ones were deleted, and change signals."""
+    """The latest known object of each Job by name, which ones were deleted, and change signals.
+
+    Deletions are remembered only for the Jobs an agent `track`s (until it `forget`s them), so a
+    long run does not keep a name for every Job that ever existed.
+    """
 
     def __init__(self) -> None:
         self._jobs: dict[str, dict[str, Any]] = {}
+        self._tracked: set[str] = set()
         self._deleted: set[str] = set()
         self._seen_at: dict[str, float] = {}
         self._changed: dict[str, asyncio.Event] = {}
@@ -57,6 +62,10 @@ class JobBook:
         if event is not None:
             event.set()
 
+    def track(self, name: str) -> None:
+        """Remember what happens to Job `name`, its deletion included, until `forget`."""
+        self._tracked.add(name)
+
     def seed(self, job: dict[str, Any]) -> None:
         """Record a Job this runner just created or read, unless the watch already knows newer."""
         name = job["metadata"]["name"]
@@ -69,6 +78,9 @@ class JobBook:
         name = job["metadata"]["name"]
         if event_type == "DELETED":
             self._jobs.pop(name, None)
+            if name not in self._tracked:
+                self._seen_at.pop(name, None)
+                return
             self._deleted.add(name)
         else:
             self._jobs[name] = job
@@ -90,6 +102,7 @@ class JobBook:
     def forget(self, name: str) -> None:
         """Drop everything known about Job `name` (its attempt has been reported)."""
         self._jobs.pop(name, None)
+        self._tracked.discard(name)
         self._deleted.discard(name)
         self._seen_at.pop(name, None)
         self._changed.pop(name, None)

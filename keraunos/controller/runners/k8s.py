@@ -240,6 +240,7 @@ class K8sAgent:
         self._job = job
         self._create_delay_s = create_delay_s
         self._stop_reason: str | None = None
+        runner.book.track(name)
 
     @property
     def record(self) -> AgentRecord:
