@@ -3,9 +3,8 @@
 An agent image runs `pip install --no-deps keraunos httpx` (httpx's own dependencies included).
 Here pip installs into a fresh `python -m venv`, from wheels made on the spot (no network): httpx
 and its dependency closure repacked from this environment's installed distributions, and keraunos
-built from the source tree, all with `--no-deps`. Nothing else is in the venv,
-so an SDK import of pydantic, numpy or any other keraunos dependency fails there instead of
-passing unnoticed. An agent script then runs in that venv inside a rollout of a real gateway.
+packed from its source tree, all with `--no-deps`. Nothing else is in the venv, so an SDK import
+of pydantic, numpy or any other keraunos dependency fails there instead of passing unnoticed. An agent script then runs in that venv inside a rollout of a real gateway.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -52,29 +50,55 @@ def dependency_closure(name: str) -> list[str]:
     return list(found)
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def wheel_from_installed(name: str, wheelhouse: Path) -> Path:
-    """A pure-Python wheel of the installed distribution `name`: its files as installed, new RECORD."""
-    dist = importlib.metadata.distribution(name)
-    metadata_dir = next(f.parts[0] for f in dist.files or () if f.parts[0].endswith(".dist-info"))
-    version = dist.version
-    stem = dist.metadata["Name"].replace("-", "_")
-    wheel = wheelhouse / f"{stem}-{version}-py3-none-any.whl"
-    records: list[str] = []
+def write_wheel(wheel: Path, files: dict[str, bytes], metadata_dir: str) -> Path:
+    """A wheel archive holding `files` (archive path -> content) and a RECORD of them."""
+    records = []
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
-        for file in dist.files or ():
-            # Scripts outside site-packages, byte code and the old RECORD are not part of a wheel.
-            if file.parts[0] == ".." or "__pycache__" in file.parts or file.name in ("RECORD", "INSTALLER"):
-                continue
-            data = Path(str(dist.locate_file(file))).read_bytes()
-            archive.writestr(file.as_posix(), data)
-            records.append(f"{file.as_posix()},{_record_hash(data)},{len(data)}")
+        for name, data in files.items():
+            archive.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            records.append(f"{name},sha256={digest},{len(data)}")
         records.append(f"{metadata_dir}/RECORD,,")
         archive.writestr(f"{metadata_dir}/RECORD", "\n".join(records) + "\n")
     return wheel
+
+
+def wheel_from_installed(name: str, wheelhouse: Path) -> Path:
+    """A pure-Python wheel of the installed distribution `name`: its files as pip installed them."""
+    dist = importlib.metadata.distribution(name)
+    files = {
+        file.as_posix(): Path(str(dist.locate_file(file))).read_bytes()
+        for file in dist.files or ()
+        # Scripts outside site-packages, byte code and the installer's own records are not wheel parts.
+        if file.parts[0] != ".."
+        and "__pycache__" not in file.parts
+        and file.name not in ("RECORD", "INSTALLER")
+    }
+    metadata_dir = next(name.split("/")[0] for name in files if name.split("/")[0].endswith(".dist-info"))
+    stem = dist.metadata["Name"].replace("-", "_")
+    return write_wheel(wheelhouse / f"{stem}-{dist.version}-py3-none-any.whl", files, metadata_dir)
+
+
+def wheel_of_keraunos(wheelhouse: Path) -> Path:
+    """keraunos packed from its source tree: every file of the package, the name and version as metadata.
+
+    Packed here rather than built with setuptools, which a test environment need not have; its
+    dependencies are not listed, as `pip install --no-deps` would ignore them anyway.
+    """
+    package = Path(keraunos.__file__).resolve().parent
+    files = {
+        f"keraunos/{path.relative_to(package).as_posix()}": path.read_bytes()
+        for path in sorted(package.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    info = f"keraunos-{keraunos.__version__}.dist-info"
+    files[f"{info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: keraunos\nVersion: {keraunos.__version__}\n".encode()
+    )
+    files[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: keraunos-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    return write_wheel(wheelhouse / f"keraunos-{keraunos.__version__}-py3-none-any.whl", files, info)
 
 
 def run(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 60) -> str:
@@ -94,24 +118,8 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheelhouse.mkdir()
     for name in dependency_closure("httpx"):
         wheel_from_installed(name, wheelhouse)
-    # keraunos from a copy of the source tree (the build writes next to its sources).
-    source = base / "keraunos-src"
-    root = Path(keraunos.__file__).resolve().parent.parent
-    shutil.copytree(root / "keraunos", source / "keraunos", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(root / name, source / name)
+    wheel_of_keraunos(wheelhouse)
     pip = (sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input")
-    run(
-        *pip,
-        "wheel",
-        "--no-deps",
-        "--no-build-isolation",
-        "--no-index",
-        "-w",
-        wheelhouse,
-        source,
-        timeout=120,
-    )
 
     venv = base / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv)
