@@ -110,3 +110,17 @@ def test_a_403_when_listing_jobs_at_startup_stops_the_controller_before_it_takes
     output = controller.log()
     assert "verb 'list' on resource 'jobs'" in output
     assert "controller started" not in output
+
+
+def test_sigterm_deletes_the_running_jobs_and_reports_their_attempts_lost(
+    k8s: K8sEnv, tmp_path: Path
+) -> None:
+    controller = start_controller(k8s, "shutdown")
+    (rollout_id,) = create_rollouts(k8s.gateway, [rollout("wait", str(tmp_path / "never"))])
+    wait_for(lambda: len(running_jobs(k8s, "shutdown")) == 1, 20, "the Job to run")
+    assert controller.stop() == 0
+    assert jobs_of(k8s.kube, "shutdown") == []
+    got = wait_terminal(k8s.gateway, [rollout_id], timeout=10)[rollout_id]
+    (attempt,) = got["attempt_details"]
+    assert attempt["outcome"] == "lost"
+    assert attempt["reason"] == "the controller shut down before the agent finished; its Job was deleted"

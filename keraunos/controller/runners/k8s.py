@@ -35,7 +35,7 @@ import structlog
 
 from keraunos.controller.environment import NO_AUTH_KEY, event_url, proxy_base_url
 from keraunos.controller.launch import Defaults, attempt_timeout_s
-from keraunos.controller.reconcile import Recovered, RunningAgent
+from keraunos.controller.reconcile import SHUTDOWN_REASON, Recovered, RunningAgent
 from keraunos.controller.runners._k8s_api import KubeApi, KubeError, KubeForbidden
 from keraunos.controller.runners._k8s_names import job_name
 from keraunos.controller.runners._k8s_rate import TokenBucket
@@ -54,6 +54,8 @@ from keraunos.controller.work import Assignment, Ending
 
 log = structlog.get_logger("keraunos.controller")
 
+#: Reason reported for attempts whose Jobs the controller deleted because it is shutting down.
+K8S_SHUTDOWN_REASON = "the controller shut down before the agent finished; its Job was deleted"
 #: Bytes of an attempt's log read for the last line of a failure reason.
 _REASON_TAIL_BYTES = 4096
 
@@ -254,7 +256,7 @@ class K8sAgent:
     def request_stop(self, reason: str) -> None:
         """Delete the Job (after collecting its logs) and report the attempt lost with `reason`."""
         if self._stop_reason is None:
-            self._stop_reason = reason
+            self._stop_reason = K8S_SHUTDOWN_REASON if reason == SHUTDOWN_REASON else reason
         self.runner.book.poke(self.name)
 
     def _note(self, text: str) -> None:
