@@ -41,15 +41,7 @@ def scaleout_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine
 def pair(
     postgres: PostgresServer, scaleout_engine: Engine, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Replicas]:
-    """Two replicas on one database, shared by a module's tests (each test leaves them resumed)."""
+    """Two replicas on one database, shared by a module's tests: each leaves two live replicas, resumed."""
     replicas = _replicas(postgres, scaleout_engine, tmp_path_factory.mktemp("pair"), 2)
-    yield replicas
-    replicas.stop()
-
-
-@pytest.fixture
-def fresh_pair(postgres: PostgresServer, scaleout_engine: Engine, tmp_path: Path) -> Iterator[Replicas]:
-    """Two replicas on a database of their own, for a test that kills or stops one."""
-    replicas = _replicas(postgres, scaleout_engine, tmp_path, 2)
     yield replicas
     replicas.stop()

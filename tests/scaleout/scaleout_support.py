@@ -31,7 +31,7 @@ from keraunos.testing.processes import (
 )
 
 #: Heartbeat timeout of the test replicas (s): a killed replica stops counting this long after it died.
-HEARTBEAT_TIMEOUT_S = 2.0
+HEARTBEAT_TIMEOUT_S = 3.0
 #: How long a pause waits for acknowledgements: shorter than the heartbeat timeout, so a stuck
 #: (SIGSTOPped) replica is still alive, and named in the 503.
 ACK_TIMEOUT_S = 0.6
@@ -66,6 +66,8 @@ class Replicas:
     engine: Engine
     workdir: Path
     gateways: list[Gateway] = field(default_factory=list)
+    retired: list[Gateway] = field(default_factory=list)
+    _clients: dict[str, httpx.Client] = field(default_factory=dict)
 
     def start(self, count: int = 1) -> list[Gateway]:
         """Start `count` more replicas (concurrently) and return them."""
@@ -82,20 +84,35 @@ class Replicas:
         self.gateways += started
         return started
 
+    def replace(self, gone: Gateway) -> list[Gateway]:
+        """Start a replica in place of `gone` (killed): the pair is two live replicas again."""
+        (new,) = self.start(1)
+        self.gateways.remove(new)
+        self.gateways[self.gateways.index(gone)] = new
+        self.retired.append(gone)
+        return [new]
+
     def stop(self) -> None:
-        for gateway in self.gateways:
+        for client in self._clients.values():
+            client.close()
+        for gateway in self.gateways + self.retired:
             if gateway.process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(gateway.process.pid, signal.SIGCONT)  # a stopped process cannot exit
                 gateway.stop(grace=5)
 
+    def api(self, gateway: Gateway) -> httpx.Client:
+        """A kept-open client of `gateway` with the server key (making one per request is slow)."""
+        client = self._clients.get(gateway.base_url)
+        if client is None:
+            client = self._clients[gateway.base_url] = gateway.client()
+        return client
+
     def get(self, gateway: Gateway, path: str, **params: Any) -> httpx.Response:
-        with gateway.client() as api:
-            return api.get(path, params=params)
+        return self.api(gateway).get(path, params=params)
 
     def post(self, gateway: Gateway, path: str, body: Any = None) -> httpx.Response:
-        with gateway.client() as api:
-            return api.post(path, json=body)
+        return self.api(gateway).post(path, json=body)
 
     def state(self, gateway: Gateway) -> dict[str, Any]:
         response = self.get(gateway, "/proxy/state")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ FAST = ReplicaSettings(
     heartbeat_interval_s=0.05, heartbeat_timeout_s=0.4, ack_timeout_s=0.6, publish_interval_s=0.005
 )
 
-Join = Callable[..., Awaitable[ClusterCoordination]]
+Join = Callable[..., Coroutine[Any, Any, ClusterCoordination]]
 
 
 @pytest.fixture
