@@ -103,12 +103,13 @@ async def _serve(config: GatewayConfig) -> int:
     import uvicorn
 
     from keraunos.gateway.app import create_app
+    from keraunos.gateway.replicas import coordination_for
 
     log = structlog.get_logger("keraunos.gateway")
     try:
         server = uvicorn.Server(
             uvicorn.Config(
-                create_app(config, ledger),
+                create_app(config, ledger, coordination_for(config)),
                 host=config.host,
                 port=config.port,
                 http="httptools",
