@@ -68,9 +68,21 @@ SHARED_MAX_BODY_BYTES = 1024 * 1024
 
 
 @pytest.fixture(scope="session")
-def gateway(session_gateway_factory: StartGateway) -> Gateway:
-    """One gateway shared by the API specification tests (use `new_id()` for rollout ids)."""
-    return session_gateway_factory(args=("--max-body-bytes", str(SHARED_MAX_BODY_BYTES)))
+def gateway_backend() -> str:
+    """Ledger backend of the shared `gateway`: "sqlite"; tests/gateway/conftest.py makes it both."""
+    return "sqlite"
+
+
+@pytest.fixture(scope="session")
+def gateway(
+    session_gateway_factory: StartGateway, gateway_backend: str, request: pytest.FixtureRequest
+) -> Gateway:
+    """One gateway shared by the API specification tests (use `new_id()` for rollout ids), on a
+    SQLite file or, where `gateway_backend` says "postgres", a database on the session's server."""
+    db = None
+    if gateway_backend == "postgres":
+        db = request.getfixturevalue("postgres").create_database("gateway")
+    return session_gateway_factory(db=db, args=("--max-body-bytes", str(SHARED_MAX_BODY_BYTES)))
 
 
 @pytest.fixture
@@ -113,11 +125,16 @@ def free_port_fixture() -> Callable[[], int]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
-    """One real PostgreSQL 15 server for the run (skips, saying why, where its binaries are absent)."""
+    """One real PostgreSQL 15 server for the run (skips, saying why, where its binaries are absent).
+
+    fsync stays on, but a commit does not wait for its WAL flush (`synchronous_commit=off`): the
+    server is never crashed, so nothing acknowledged can be lost, and the suites do not wait for an
+    fsync per commit. Tests that crash a server start their own, fully durable, one.
+    """
     reason = postgres_missing()
     if reason is not None:
         pytest.skip(reason)
-    server = start_postgres()
+    server = start_postgres(settings=[("synchronous_commit", "off")])
     yield server
     server.stop()
 

@@ -78,11 +78,15 @@ def group_id_of(metadata: RolloutMetadata | None) -> str | None:
     """`metadata.data_id` as the terminal cursor's `group_id`, the way SQLite's `json_extract` reads it.
 
     A string is itself, a number its decimal text, a boolean "1" or "0", a list or object its
-    compact JSON; null, a missing key or a value with NaN or an infinity (not JSON) gives None.
+    compact JSON; null or a missing key gives None, and so does metadata with NaN or an infinity
+    anywhere (its stored text is not JSON, which SQLite's JSON functions refuse to read).
     """
     if metadata is None:
         return None
-    value = metadata.model_dump().get("data_id")
+    dumped = metadata.model_dump()
+    if not _finite(dumped):
+        return None
+    value = dumped.get("data_id")
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool):
@@ -90,9 +94,9 @@ def group_id_of(metadata: RolloutMetadata | None) -> str | None:
     if isinstance(value, int):
         return str(value) if -(2**63) <= value < 2**63 else str(float(value))
     if isinstance(value, float):
-        return str(value) if math.isfinite(value) else None
+        return str(value)
     try:
-        return orjson.dumps(value).decode() if _finite(value) else None
+        return orjson.dumps(value).decode()
     except TypeError:
         return None
 

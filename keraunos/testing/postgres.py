@@ -283,14 +283,23 @@ def _wait_ready(server: PostgresServer, timeout: float) -> None:
 
 
 def _wait_for_group(pgid: int) -> None:
-    """Wait until every process of the server's group is gone (a restart needs its shared memory free)."""
+    """Wait until no process of the server's group is left running (a restart needs its shared
+    memory free). Zombies do not count: in a container nobody may ever reap them."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
+    while time.monotonic() < deadline and _group_running(pgid):
         time.sleep(0.02)
+
+
+def _group_running(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def _cleanup_once(server: PostgresServer, root: Path) -> Callable[[], None]:

@@ -58,7 +58,7 @@ class Gateway:
 
     base_url: str
     key: str
-    db: Path
+    db: Path | str  # a SQLite file, or a postgresql:// URL
     process: subprocess.Popen[bytes]
     log_path: Path
     args: Sequence[str] = field(default_factory=tuple)
@@ -97,13 +97,16 @@ class Gateway:
 def start_gateway(
     workdir: Path,
     *,
-    db: Path | None = None,
+    db: Path | str | None = None,
     key: str = TEST_KEY,
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     ready_timeout: float = 60.0,
 ) -> Gateway:
-    """Start `keraunos gateway` on a free loopback port and wait until `/healthz` answers."""
+    """Start `keraunos gateway` on a free loopback port and wait until `/healthz` answers.
+
+    `db` is the ledger: a SQLite file (default: `workdir/ledger.db`) or a `postgresql://` URL.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     db = db or workdir / "ledger.db"
     last_error = ""
