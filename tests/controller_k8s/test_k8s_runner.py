@@ -167,6 +167,21 @@ def test_a_job_the_api_rejects_with_422_fails_its_attempt_with_the_apis_message(
     assert "422" in attempt["reason"] and "image: Required value" in attempt["reason"]
 
 
+def test_a_create_answered_500_or_429_is_retried_and_the_job_made_once(
+    k8s: K8sEnv, controller: Controller
+) -> None:
+    controls = k8s.kube.controls
+    controls.fail_next("create", "jobs", 500)
+    controls.fail_next("create", "jobs", 429)
+    creates = controls.count("create", "jobs")
+    (rollout_id,) = create_rollouts(k8s.gateway, [rollout("ok")])
+    got = wait_terminal(k8s.gateway, [rollout_id], timeout=30)[rollout_id]
+    assert got["rollout"]["status"]["state"] == "succeeded"
+    assert [a["outcome"] for a in got["attempt_details"]] == ["succeeded"]
+    assert controls.count("create", "jobs") == creates + 3
+    assert "cannot create Job; retrying" in controller.log()
+
+
 def test_a_job_deleted_underneath_is_reported_lost(
     k8s: K8sEnv, controller: Controller, tmp_path: Path
 ) -> None:
