@@ -411,6 +411,7 @@ class ClusterCoordination:
                 await asyncio.sleep(min(settings.heartbeat_interval_s, 0.25))
 
 
+#: `--db` values that name PostgreSQL (as `keraunos.ledger.open_ledger` reads them).
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://", "postgresql+")
 
 
@@ -418,8 +419,9 @@ def coordination_for(config: GatewayConfig) -> Coordination:
     """Cluster coordination when the ledger is PostgreSQL (replicas may share it), else in memory."""
     if not config.db.startswith(_POSTGRES_SCHEMES):
         return LocalCoordination()
-    from keraunos.ledger._pg_replicas import PgReplicaStore, asyncpg_dsn
+    from keraunos.ledger import postgres_dsn
+    from keraunos.ledger._pg_replicas import PgReplicaStore
 
     settings = ReplicaSettings.from_config(config)
-    store = PgReplicaStore(asyncpg_dsn(config.db), timeout_s=max(settings.heartbeat_timeout_s, 1.0))
+    store = PgReplicaStore(postgres_dsn(config.db), timeout_s=max(settings.heartbeat_timeout_s, 1.0))
     return ClusterCoordination(store, settings)

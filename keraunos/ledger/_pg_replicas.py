@@ -41,13 +41,6 @@ _SCHEMA_LOCK = 0x6B6572617265706C
 _FORGET_AFTER_S = 24 * 3600.0
 
 
-def asyncpg_dsn(db: str) -> str:
-    """The DSN asyncpg accepts for a PostgreSQL `--db` value (`postgresql+driver://` as `postgresql://`)."""
-    if db.startswith("postgresql+"):
-        return "postgresql://" + db.split("://", 1)[1]
-    return db
-
-
 @dataclass(frozen=True, slots=True)
 class PauseRow:
     """The cluster-wide pause as last requested: epoch `epoch` asks every replica to (not) pause."""

@@ -6,12 +6,22 @@ import asyncio
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keraunos.gateway.config import ConfigError, GatewayConfig
-from keraunos.gateway.replicas import Follower, LocalCoordination, Pause, summarize
+from keraunos.gateway.replicas import (
+    ClusterCoordination,
+    Follower,
+    LocalCoordination,
+    Pause,
+    coordination_for,
+    summarize,
+)
 from keraunos.ledger._pg_replicas import PauseRow, ReplicaRow
+
+#: Reproducible, and no per-example deadline (the machine running the suite may be busy).
+rules = settings(derandomize=True, database=None, deadline=None, max_examples=100)
 
 pause_rows = st.builds(
     PauseRow,
@@ -33,6 +43,7 @@ replica_rows = st.lists(
 )
 
 
+@rules
 @given(pause_rows, replica_rows)
 def test_paused_only_when_requested_and_acknowledged_by_every_live_replica(
     row: PauseRow, replicas: list[ReplicaRow]
@@ -43,6 +54,7 @@ def test_paused_only_when_requested_and_acknowledged_by_every_live_replica(
     assert view.waiting == tuple(sorted(r.replica_id for r in live if r.acked_epoch < row.epoch))
 
 
+@rules
 @given(pause_rows, replica_rows)
 def test_inflight_sums_live_replicas_only(row: PauseRow, replicas: list[ReplicaRow]) -> None:
     view = summarize(row, replicas)
@@ -50,6 +62,7 @@ def test_inflight_sums_live_replicas_only(row: PauseRow, replicas: list[ReplicaR
     assert all(r.alive for r in view.live)
 
 
+@rules
 @given(pause_rows, replica_rows, st.integers(0, 9))
 def test_a_replica_counts_its_own_calls_from_memory(
     row: PauseRow, replicas: list[ReplicaRow], own: int
@@ -66,6 +79,7 @@ def test_waiting_is_about_the_epoch_asked_for() -> None:
     assert summarize(row, replicas).waiting == ("a",)
 
 
+@rules
 @given(st.lists(pause_rows, max_size=8))
 def test_a_follower_applies_the_newest_epoch_whatever_order_rows_arrive_in(rows: list[PauseRow]) -> None:
     follower, pause = Follower(), Pause()
@@ -102,3 +116,10 @@ def test_a_heartbeat_timeout_not_above_the_interval_is_refused_in_one_line() -> 
         GatewayConfig.load({"replica_heartbeat_interval_s": 2, "replica_heartbeat_timeout_s": 2})
     assert "replica_heartbeat_timeout_s (2) must exceed replica_heartbeat_interval_s (2)" in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_only_a_postgresql_ledger_gets_the_cluster_coordination() -> None:
+    assert isinstance(coordination_for(GatewayConfig(db="ledger.db")), LocalCoordination)
+    clustered = coordination_for(GatewayConfig(db="postgresql+asyncpg://u@db:5432/k"))
+    assert isinstance(clustered, ClusterCoordination)
+    assert clustered.pause.fenced()  # admits nothing until it has joined
