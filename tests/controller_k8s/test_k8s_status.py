@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keraunos.controller.runners._k8s_rate import TokenBucket
-from keraunos.controller.runners._k8s_status import JobEnd, ending_of_job, exit_code_of, job_end
+from keraunos.controller.runners._k8s_status import (
+    ContainerEnd,
+    JobEnd,
+    container_end,
+    ending_of_job,
+    job_end,
+)
 from keraunos.controller.runners._k8s_watch import JobBook
 from keraunos.controller.work import Ending
 
@@ -29,12 +35,16 @@ def test_a_job_without_a_true_complete_or_failed_condition_is_still_running() ->
 
 
 def test_complete_succeeds_and_failed_fails_with_reason_message_exit_code_and_last_log_line() -> None:
-    assert ending_of_job(JobEnd("complete"), exit_code=0, timeout_s=5, log_tail=b"") == Ending("succeeded", 0)
+    assert ending_of_job(JobEnd("complete"), container=ContainerEnd(0), timeout_s=5, log_tail=b"") == Ending(
+        "succeeded", 0
+    )
     end = job_end(
         job("x", condition("Failed", reason="BackoffLimitExceeded", message="Job has reached the limit"))
     )
     assert end is not None
-    ending = ending_of_job(end, exit_code=3, timeout_s=5, log_tail=b"working\nValueError: bad input\n\n")
+    ending = ending_of_job(
+        end, container=ContainerEnd(3), timeout_s=5, log_tail=b"working\nValueError: bad input\n\n"
+    )
     assert ending == Ending(
         "failed",
         3,
@@ -45,21 +55,39 @@ def test_complete_succeeds_and_failed_fails_with_reason_message_exit_code_and_la
 
 def test_a_job_stopped_at_its_deadline_timed_out() -> None:
     end = JobEnd("failed", "DeadlineExceeded", "Job was active longer than specified deadline")
-    ending = ending_of_job(end, exit_code=None, timeout_s=30, log_tail=b"")
+    ending = ending_of_job(end, container=ContainerEnd(), timeout_s=30, log_tail=b"")
     assert ending.outcome == "timed_out" and ending.reason is not None and "30s" in ending.reason
 
 
-def test_the_exit_code_comes_from_the_newest_pod_that_terminated() -> None:
-    def pod(created: str, code: int | None) -> dict[str, Any]:
-        state = {"terminated": {"exitCode": code}} if code is not None else {"running": {}}
-        return {
-            "metadata": {"creationTimestamp": created},
-            "status": {"containerStatuses": [{"state": state}]},
-        }
+def pod(created: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"creationTimestamp": created}, "status": {"containerStatuses": [{"state": state}]}}
 
-    assert exit_code_of([pod("2026-01-01T00:00:01Z", 1), pod("2026-01-01T00:00:02Z", 7)]) == 7
-    assert exit_code_of([pod("2026-01-01T00:00:01Z", None)]) is None
-    assert exit_code_of([]) is None
+
+def test_the_exit_code_and_why_come_from_the_newest_pod_that_has_a_status() -> None:
+    older = pod("2026-01-01T00:00:01Z", {"terminated": {"exitCode": 1, "reason": "Error"}})
+    newer = pod("2026-01-01T00:00:02Z", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
+    assert container_end([older, newer]) == ContainerEnd(137, "OOMKilled")
+    assert container_end([older]) == ContainerEnd(1, "")
+    assert container_end([pod("t", {"running": {}})]) == ContainerEnd()
+    assert container_end([]) == ContainerEnd()
+
+
+def test_a_failure_says_when_the_container_was_killed_or_never_ran() -> None:
+    oom = ending_of_job(
+        JobEnd("failed", "BackoffLimitExceeded"),
+        container=ContainerEnd(137, "OOMKilled"),
+        timeout_s=5,
+        log_tail=b"",
+    )
+    assert (
+        oom.reason == "the Job failed (BackoffLimitExceeded); its container exited with code 137 (OOMKilled)"
+    )
+    waiting = container_end(
+        [pod("t", {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}})]
+    )
+    late = ending_of_job(JobEnd("failed", "DeadlineExceeded"), container=waiting, timeout_s=30, log_tail=b"")
+    assert late.outcome == "timed_out"
+    assert late.reason is not None and late.reason.endswith("(waiting: ImagePullBackOff: no such image)")
 
 
 @given(

@@ -3,7 +3,8 @@
 A Job is over when it has a `Complete` or `Failed` condition with status True. `Complete` means
 the attempt succeeded; `Failed` with reason `DeadlineExceeded` means it ran past its
 `activeDeadlineSeconds` (the attempt timeout: `timed_out`); any other `Failed` fails the attempt
-with the condition's reason and message, the container's exit code and the last line it logged.
+with the condition's reason and message, the container's exit code (and why it was killed or never
+ran, e.g. `OOMKilled`, `waiting: ImagePullBackOff`) and the last line it logged.
 """
 
 from __future__ import annotations
@@ -42,32 +43,56 @@ def job_end(job: Mapping[str, Any]) -> JobEnd | None:
     return None
 
 
-def exit_code_of(pods: Sequence[Mapping[str, Any]]) -> int | None:
-    """The exit code of the first container that terminated, in the newest pod that has one."""
-    for pod in sorted(
+@dataclass(frozen=True)
+class ContainerEnd:
+    """What the newest pod's containers say: the first exit code, and a detail worth reporting
+    (`OOMKilled`, `waiting: ImagePullBackOff: ...`), empty when there is none."""
+
+    exit_code: int | None = None
+    detail: str = ""
+
+
+#: Termination reasons that add nothing to an exit code.
+_PLAIN_REASONS = ("", "Completed", "Error")
+
+
+def container_end(pods: Sequence[Mapping[str, Any]]) -> ContainerEnd:
+    """How the containers of the newest pod that has any status ended (or why they never ran)."""
+    newest = sorted(
         pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""), reverse=True
-    ):
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            terminated = ((status or {}).get("state") or {}).get("terminated") or {}
-            code = terminated.get("exitCode")
-            if isinstance(code, int):
-                return code
-    return None
+    )
+    for pod in newest:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        for status in statuses:
+            state = (status or {}).get("state") or {}
+            terminated = state.get("terminated") or {}
+            if isinstance(terminated.get("exitCode"), int):
+                reason = str(terminated.get("reason") or "")
+                return ContainerEnd(terminated["exitCode"], "" if reason in _PLAIN_REASONS else reason)
+        for status in statuses:
+            waiting = ((status or {}).get("state") or {}).get("waiting") or {}
+            if waiting.get("reason"):
+                detail = ": ".join(str(p) for p in (waiting.get("reason"), waiting.get("message")) if p)
+                return ContainerEnd(None, f"waiting: {detail}")
+    return ContainerEnd()
 
 
-def ending_of_job(end: JobEnd, *, exit_code: int | None, timeout_s: float, log_tail: bytes) -> Ending:
+def ending_of_job(end: JobEnd, *, container: ContainerEnd, timeout_s: float, log_tail: bytes) -> Ending:
     """The attempt ending of a Job that is over."""
+    exit_code = container.exit_code
     if end.state == "complete":
         return Ending("succeeded", 0 if exit_code is None else exit_code, None)
+    detail = f" ({container.detail})" if container.detail else ""
     if end.reason == DEADLINE_REASON:
         return Ending(
             "timed_out",
             exit_code,
-            f"timed out after {timeout_s:g}s; Kubernetes stopped the Job at its activeDeadlineSeconds",
+            f"timed out after {timeout_s:g}s; Kubernetes stopped the Job at its activeDeadlineSeconds{detail}",
         )
     why = ": ".join(part for part in (end.reason, end.message) if part) or "no reason given"
     how = f"the Job failed ({why})"
     if exit_code is not None:
         how += f"; its container exited with code {exit_code}"
+    how += detail
     last = last_line(log_tail)
     return Ending("failed", exit_code, f"{how}: {last}" if last else how)

@@ -46,7 +46,7 @@ from keraunos.controller.runners._k8s_render import (
     render_job,
     selector,
 )
-from keraunos.controller.runners._k8s_status import DELETED_REASON, ending_of_job, exit_code_of, job_end
+from keraunos.controller.runners._k8s_status import DELETED_REASON, container_end, ending_of_job, job_end
 from keraunos.controller.runners._k8s_watch import JobBook, JobWatcher, WatchSettings
 from keraunos.controller.runners._state import AgentRecord
 from keraunos.controller.runners.local import read_log_tail
@@ -366,7 +366,7 @@ class K8sAgent:
                 pods = await self._collect_logs()
                 tail = read_log_tail(self.log_path, _REASON_TAIL_BYTES)
                 return ending_of_job(
-                    end, exit_code=exit_code_of(pods), timeout_s=self.timeout_s, log_tail=tail
+                    end, container=container_end(pods), timeout_s=self.timeout_s, log_tail=tail
                 )
             left = hard_deadline - time.monotonic()
             if left <= 0:
