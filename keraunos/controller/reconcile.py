@@ -4,8 +4,9 @@ The gateway holds the truth; the loop keeps only its live agents. Each tick it t
 assignments as the pool has free slots; each agent gets a supervisor task that waits for it (or
 its timeout, or a stop request), reports its ending and frees its slot, which wakes the loop at
 once. A second task renews the live assignments (heartbeats) and stops agents whose attempt the
-source says is over (superseded, rollout ended by someone else). On startup the attempts a crashed
-controller left in the state directory are stopped and reported; on shutdown every agent is
+source says is over (superseded, rollout ended by someone else). On startup the runner deals with
+what a crashed controller left (the local runner stops the process groups in its state directory
+and their attempts are reported; the k8s runner adopts its Jobs); on shutdown every agent is
 stopped and its attempt reported.
 
 The loop drives any `Runner`: local process groups (`LocalAgents` below) or Kubernetes Jobs
