@@ -9,7 +9,7 @@ tests/conftest.py) and skip, saying why, where its binaries are absent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -18,7 +18,7 @@ import pytest
 from keraunos.ledger import Ledger, SqliteLedger
 from keraunos.ledger._pg_pool import PoolSettings
 from keraunos.ledger.postgres import PostgresLedger
-from keraunos.testing.postgres import PostgresServer
+from keraunos.testing.postgres import PostgresServer, postgres_missing, start_postgres
 
 MakeLedger = Callable[[], Ledger]
 
@@ -92,6 +92,18 @@ class LedgerDatabase:
 def pg_ledger_database(postgres: PostgresServer) -> LedgerDatabase:
     """The ledger suite's PostgreSQL database (see `LedgerDatabase`)."""
     return LedgerDatabase(postgres)
+
+
+@pytest.fixture(scope="module")
+def pg_own_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test module's own, fully durable (fsync, synchronous commits), to
+    crash and restart without disturbing other tests."""
+    reason = postgres_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    server = start_postgres()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

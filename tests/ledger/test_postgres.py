@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -23,7 +23,7 @@ from keraunos.ledger._pg_schema import LATEST_VERSION
 from keraunos.ledger.postgres import PostgresLedger
 from keraunos.protocol import RolloutCreate, RolloutState, RolloutStatusPatch
 from keraunos.testing.calls import growing_prefix_rollout
-from keraunos.testing.postgres import PostgresServer, postgres_missing, start_postgres
+from keraunos.testing.postgres import PostgresServer
 
 #: Pool of the ledgers here: as a gateway's, smaller.
 PG_POOL = PoolSettings(min_size=1, max_size=4)
@@ -225,26 +225,15 @@ FAST_FAIL = PoolSettings(
 )
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PostgresServer]:
-    """A server of this module's own, to crash and restart without disturbing other tests."""
-    reason = postgres_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    server = start_postgres()
-    yield server
-    server.stop()
-
-
-async def test_acknowledged_writes_survive_a_crash_of_the_server(own_server: PostgresServer) -> None:
-    dsn = own_server.create_database()
+async def test_acknowledged_writes_survive_a_crash_of_the_server(pg_own_server: PostgresServer) -> None:
+    dsn = pg_own_server.create_database()
     async with PostgresLedger(dsn, pool=FAST_FAIL) as ledger:
         await ledger.create_rollouts(items("r"), 1.0)
         for k in range(5):
             await ledger.append_event("r", "0", "reward", {"value": k}, 1.0)
         await ledger.patch_rollout("r", RolloutStatusPatch(state=RolloutState.FAILED), 2.0)
-    own_server.kill()  # SIGKILL of the server and its backends: no shutdown checkpoint
-    own_server.restart()
+    pg_own_server.kill()  # SIGKILL of the server and its backends: no shutdown checkpoint
+    pg_own_server.restart()
     async with PostgresLedger(dsn, pool=FAST_FAIL) as ledger:
         assert [e["data"]["value"] for e in await ledger.list_events("r", "0")] == list(range(5))
         page = await ledger.terminal_page(0, 10)
@@ -252,12 +241,12 @@ async def test_acknowledged_writes_survive_a_crash_of_the_server(own_server: Pos
 
 
 async def test_a_lost_server_is_reported_as_unavailable_promptly_and_the_ledger_recovers(
-    own_server: PostgresServer,
+    pg_own_server: PostgresServer,
 ) -> None:
-    dsn = own_server.create_database()
+    dsn = pg_own_server.create_database()
     async with PostgresLedger(dsn, pool=FAST_FAIL) as ledger:
         await ledger.create_rollouts(items("r"), 1.0)
-        own_server.kill()
+        pg_own_server.kill()
         calls: list[Any] = [
             ledger.get_rollout("r"),
             ledger.append_event("r", "0", "reward", {}, 1.0),
@@ -268,7 +257,7 @@ async def test_a_lost_server_is_reported_as_unavailable_promptly_and_the_ledger_
             with pytest.raises(LedgerUnavailable, match="PostgreSQL is unavailable"):
                 await call
             assert time.monotonic() - started < 10.0  # bounded by the pool's time limits
-        own_server.restart()
+        pg_own_server.restart()
         # The pool replaces its dead connections: the next calls succeed (a first one may still
         # meet a connection that died with the old server).
         for _ in range(3):

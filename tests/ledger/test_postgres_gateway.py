@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from keraunos.testing.postgres import PostgresServer, postgres_missing, start_postgres
+from keraunos.testing.postgres import PostgresServer
 from keraunos.testing.processes import free_port
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -48,31 +48,20 @@ def test_a_missing_database_is_named_in_the_error(cli: Cli, postgres: PostgresSe
     assert 'database "no_such_db" does not exist' in result.stderr
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[PostgresServer]:
-    """A server of this module's own, to kill without disturbing other tests."""
-    reason = postgres_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    server = start_postgres()
-    yield server
-    server.stop()
-
-
 def test_a_lost_database_answers_503_promptly_and_service_resumes(
-    gateway_factory: Any, own_server: PostgresServer
+    gateway_factory: Any, pg_own_server: PostgresServer
 ) -> None:
     gateway = gateway_factory(
-        db=own_server.create_database(), args=("--db-timeout-s", "2", "--db-command-timeout-s", "3")
+        db=pg_own_server.create_database(), args=("--db-timeout-s", "2", "--db-command-timeout-s", "3")
     )
     with gateway.client() as api:
         assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": "r"}]).status_code == 201
-        own_server.kill()
+        pg_own_server.kill()
         started = time.monotonic()
         lost = api.get("/api/rollouts/r")
         assert lost.status_code == 503 and "Ledger unavailable" in lost.text
         assert time.monotonic() - started < 10
-        own_server.restart()
+        pg_own_server.restart()
         deadline = time.monotonic() + 15
         while (found := api.get("/api/rollouts/r")).status_code == 503 and time.monotonic() < deadline:
             time.sleep(0.1)  # the pool replaces connections that died with the old server
