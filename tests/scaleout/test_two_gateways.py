@@ -221,11 +221,11 @@ def test_a_stuck_replica_is_named_in_the_pause_503_and_catches_up_when_it_resume
         assert refused.status_code == 503, refused.text
         assert refused.json()["unacknowledged"] == [stuck_id]
         assert stuck_id in refused.json()["detail"]
-        assert ACK_TIMEOUT_S <= waited < ACK_TIMEOUT_S + 1.0
+        assert ACK_TIMEOUT_S <= waited < ACK_TIMEOUT_S + 2.0
         assert pair.state(b)["paused"] is False  # a could still be admitting, for all b knows
-        assert pair.call(b, rollout_id).status_code == 429  # but b applied the pause itself
     finally:
-        os.kill(a.process.pid, signal.SIGCONT)
+        os.kill(a.process.pid, signal.SIGCONT)  # soon: stopped past its heartbeat timeout, a is dead
+    assert pair.call(b, rollout_id).status_code == 429  # b applied the pause itself
     # Back, a applies the pause it missed (a call it admits meanwhile is counted: the pause did
     # not return, and /proxy/state says paused only once a acknowledged it).
     pair.wait_state(b, lambda s: s["paused"] is True)
