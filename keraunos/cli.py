@@ -80,6 +80,7 @@ def serve_gateway(config: GatewayConfig) -> int:
 
 async def _serve(config: GatewayConfig) -> int:
     from keraunos.ledger import LedgerError, PoolSettings, open_ledger
+    from keraunos.ledger.postgres import describe_dsn
 
     # The ledger first, before the web stack is even imported: a second gateway on the same file
     # fails fast, says why, and never binds the port.
@@ -106,6 +107,7 @@ async def _serve(config: GatewayConfig) -> int:
     from keraunos.gateway.replicas import coordination_for
 
     log = structlog.get_logger("keraunos.gateway")
+    shown_db = describe_dsn(config.db)  # a PostgreSQL URL without its password
     try:
         server = uvicorn.Server(
             uvicorn.Config(
@@ -128,13 +130,13 @@ async def _serve(config: GatewayConfig) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, server.handle_exit)
         log.info(
-            "gateway starting", db=config.db, durability=config.durability, host=config.host, port=config.port
+            "gateway starting", db=shown_db, durability=config.durability, host=config.host, port=config.port
         )
         await server.serve()
         return 0 if server.started else 1
     finally:
         await ledger.close()
-        log.info("ledger closed", db=config.db)
+        log.info("ledger closed", db=shown_db)
 
 
 @app.command(
