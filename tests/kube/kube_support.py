@@ -6,6 +6,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -82,3 +83,17 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {seconds} s (last: {result!r})")
         await anyio.sleep(0.05)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the processes in group `pgid` that are still running (zombies do not count: killed
+    processes whose parent died wait for an init that may never reap them)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members

@@ -4,12 +4,15 @@ its output is the Pod log, and Job and Pod statuses follow the process like a re
 from __future__ import annotations
 
 import os
+import signal
 import time
+from collections.abc import Callable
 
+import anyio
 import kr8s.asyncio
 import pytest
 from kr8s.asyncio.objects import Job, Pod
-from kube_support import eventually, job_manifest, python, shell, unique_name
+from kube_support import eventually, job_manifest, live_group_members, python, shell, unique_name
 
 from keraunos.testing.kube import KubeStandIn
 
@@ -96,13 +99,15 @@ async def test_active_deadline_kills_the_process_group_and_fails_with_deadline_e
     )
     started = time.monotonic()
     await job.create()
+    pod = await running_pod_of(kr8s_api, job)
+    [pid] = [p["pid"] for p in kube.controls.state()["processes"] if p["pod"] == pod.name]
 
     assert await finished(job) == "Failed"
     assert time.monotonic() - started < 5
     failed = next(c for c in job.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "DeadlineExceeded"
     assert failed["message"] == "Job was active longer than specified deadline"
-    assert not [p for p in kube.controls.state()["processes"] if p["pod"].startswith(job.name)]
+    assert live_group_members(pid) == []
 
 
 async def test_deleting_a_running_job_in_the_background_kills_its_process_and_removes_its_pods(
@@ -193,3 +198,66 @@ async def test_a_command_that_does_not_exist_fails_the_pod_with_start_error(
     terminated = pod.status["containerStatuses"][0]["state"]["terminated"]
     assert terminated["reason"] == "StartError" and terminated["exitCode"] == 128
     assert "/nonexistent/agent" in terminated["message"]
+
+
+async def running_pod_of(api: kr8s.asyncio.Api, job: Job) -> Pod:
+    async def running() -> Pod | None:
+        pods = await pods_of(api, job)
+        return pods[0] if pods and pods[0].status.get("phase") == "Running" else None
+
+    return await eventually(running, what="a running pod")
+
+
+async def test_a_pod_deleted_while_it_runs_is_stopped_and_fails_its_job(
+    kube: KubeStandIn, kr8s_api: kr8s.asyncio.Api
+) -> None:
+    job = await Job(job_manifest(unique_name(), shell("exec sleep 30")), api=kr8s_api)
+    await job.create()
+    pod = await running_pod_of(kr8s_api, job)
+
+    await pod.delete()
+
+    assert await finished(job) == "Failed"
+    assert job.status["failed"] == 1
+    assert not [p for p in kube.controls.state()["processes"] if p["pod"] == pod.name]
+    await job.delete(propagation_policy="Background")
+
+
+async def test_a_foreground_delete_keeps_the_job_until_its_pods_are_gone(kr8s_api: kr8s.asyncio.Api) -> None:
+    job = await Job(job_manifest(unique_name(), shell("exec sleep 30")), api=kr8s_api)
+    await job.create()
+    await running_pod_of(kr8s_api, job)
+
+    await job.delete(propagation_policy="Foreground")
+
+    await eventually(lambda: gone(job), what="the job deleted")
+    assert await pods_of(kr8s_api, job) == []
+
+
+async def test_following_a_pod_log_streams_output_until_the_process_exits(kr8s_api: kr8s.asyncio.Api) -> None:
+    job = await Job(job_manifest(unique_name(), shell("echo one; sleep 0.3; echo two")), api=kr8s_api)
+    await job.create()
+    pod = await running_pod_of(kr8s_api, job)
+
+    with anyio.fail_after(10):
+        lines = [line async for line in pod.logs(follow=True)]
+
+    assert lines == ["one", "two"]
+
+
+def test_stopping_the_stand_in_kills_the_processes_of_running_pods(
+    kube_factory: Callable[..., KubeStandIn],
+) -> None:
+    kube = kube_factory()
+    with kube.client() as client:
+        client.post(
+            "/apis/batch/v1/namespaces/default/jobs",
+            json=job_manifest(unique_name(), shell("sleep 30 & wait")),
+        ).raise_for_status()
+    deadline = time.monotonic() + 10
+    while not (processes := kube.controls.state()["processes"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [process] = processes
+
+    assert kube.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a clean shutdown
+    assert live_group_members(process["pid"]) == []  # the shell and its child `sleep`

@@ -102,6 +102,8 @@ class Kubelet:
         for container in self._containers.values():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(container.process.wait(), 5)
+        self._containers.clear()
+        self._task = None
 
     async def _loop(self) -> None:
         while True:

@@ -626,6 +626,13 @@ async def serve_async(config: StandInConfig) -> int:
                     write_kubeconfig(Path(config.kubeconfig), base_url, config.token, config.namespace)
                 log.info("kubernetes stand-in listening", url=base_url, kubeconfig=config.kubeconfig or None)
 
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets)
+            # Here, not after serve(): uvicorn re-raises the stopping signal once serve() returns.
+            await app.kubelet.stop()
+            if own_workdir:
+                shutil.rmtree(workdir, ignore_errors=True)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             loop.call_soon_threadsafe(app.closing)
             super().handle_exit(sig, frame)
@@ -648,7 +655,7 @@ async def serve_async(config: StandInConfig) -> int:
     app.kubelet.start()
     try:
         await server.serve()
-    finally:
+    finally:  # when serving failed before shutdown() could clean up
         await app.kubelet.stop()
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
