@@ -186,9 +186,8 @@ def convert_gguf(gguf: str | Path, out: str | Path, *, dtype: str = "float32") -
     if report.end_of_turn_id is not None and report.end_of_turn_id not in eos_ids:
         generation.eos_token_id = sorted(eos_ids | {report.end_of_turn_id})
     # The weights are plain tensors now: the saved checkpoint must not claim to be GGUF-quantised.
-    for holder in (model.config, getattr(model, "hf_quantizer", None)):
-        if holder is not None and hasattr(holder, "quantization_config"):
-            delattr(holder, "quantization_config")
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.hf_quantizer = None
 
     out.parent.mkdir(parents=True, exist_ok=True)
