@@ -213,3 +213,49 @@ async def test_patches_merge_labels_and_a_stale_resource_version_is_409_conflict
 async def test_deleting_what_is_not_there_is_404_not_found(kr8s_api: kr8s.asyncio.Api) -> None:
     with pytest.raises(kr8s.NotFoundError):
         await (await Pod({"metadata": {"name": "never-created"}}, api=kr8s_api)).delete()
+
+
+async def test_a_pod_created_directly_runs_its_command(kr8s_api: kr8s.asyncio.Api) -> None:
+    container = {"name": "main", "image": "busybox:1", "command": shell("echo direct")}
+    pod = await Pod(
+        {
+            "metadata": {"name": unique_name("pod")},
+            "spec": {"restartPolicy": "Never", "containers": [container]},
+        },
+        api=kr8s_api,
+    )
+    await pod.create()
+
+    await pod.wait("jsonpath='{.status.phase}'=Succeeded", timeout=10)
+    assert [line async for line in pod.logs()] == ["direct"]
+    await pod.delete()
+
+
+def test_jobs_in_a_new_namespace_are_listed_across_namespaces_and_deleted_by_collection(
+    kube: KubeStandIn,
+) -> None:
+    namespace, run = unique_name("ns"), unique_name("run")
+    with kube.client() as client:
+        client.post("/api/v1/namespaces", json={"metadata": {"name": namespace}}).raise_for_status()
+        for index, role in enumerate(("keep", "drop", "drop")):
+            manifest = job_manifest(
+                f"{run}-{index}", shell("exec sleep 60"), labels={"run": run, "role": role}
+            )
+            client.post(f"/apis/batch/v1/namespaces/{namespace}/jobs", json=manifest).raise_for_status()
+
+        everywhere = client.get("/apis/batch/v1/jobs", params={"labelSelector": f"run={run}"}).json()
+        deleted = client.request(
+            "DELETE",
+            f"/apis/batch/v1/namespaces/{namespace}/jobs",
+            params={"labelSelector": f"run={run},role=drop"},
+            json={"propagationPolicy": "Background"},
+        )
+        left = client.get(f"/apis/batch/v1/namespaces/{namespace}/jobs").json()
+        client.delete(f"/api/v1/namespaces/{namespace}").raise_for_status()
+        after_namespace = client.get(f"/apis/batch/v1/namespaces/{namespace}/jobs").json()
+
+    assert {j["metadata"]["namespace"] for j in everywhere["items"]} == {namespace}
+    assert len(everywhere["items"]) == 3
+    assert deleted.status_code == 200 and len(deleted.json()["items"]) == 2
+    assert [j["metadata"]["name"] for j in left["items"]] == [f"{run}-0"]
+    assert after_namespace["items"] == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from keraunos.testing.kube._objects import Kind, deep_copy
@@ -119,7 +120,9 @@ class Store:
             raise expired(resource_version, self.compacted + 1)
         if not self._history or self._history[-1].resource_version <= resource_version:
             return []
-        return [event for event in self._history if event.resource_version > resource_version]
+        # Every write takes the next resourceVersion, so the history is a run of consecutive ones.
+        skip = max(0, resource_version - self._history[0].resource_version + 1)
+        return list(islice(self._history, skip, None))
 
     def forget_history(self) -> None:
         """Drop every kept event, as an etcd compaction does: older resourceVersions now get 410."""
