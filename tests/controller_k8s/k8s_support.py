@@ -114,6 +114,7 @@ def start_controller(
     workdir.mkdir(parents=True, exist_ok=True)
     instance = instance or name
     log_path = workdir / "controller.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0  # a restart appends to the same log
     cmd = keraunos_command(
         "controller",
         "--runner",
@@ -151,7 +152,7 @@ def start_controller(
     controller = Controller(process, log_path, workdir / "logs", instance)
     if ready:
         deadline = time.monotonic() + 30
-        while "controller started" not in controller.log():
+        while "controller started" not in controller.log()[offset:]:
             if process.poll() is not None or time.monotonic() > deadline:
                 controller.kill()
                 raise RuntimeError(f"keraunos controller did not start:\n{controller.log()}")
