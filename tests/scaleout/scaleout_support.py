@@ -75,9 +75,7 @@ class Replicas:
         with ThreadPoolExecutor(count) as pool:
             started = list(
                 pool.map(
-                    lambda i: start_gateway(
-                        self.workdir / f"r{first + i}", args=(*REPLICA_ARGS, "--db", self.dsn)
-                    ),
+                    lambda i: start_gateway(self.workdir / f"r{first + i}", db=self.dsn, args=REPLICA_ARGS),
                     range(count),
                 )
             )
