@@ -172,3 +172,18 @@ async def test_dropped_watches_end_cleanly_or_break_mid_stream(kube: KubeStandIn
             await anyio.to_thread.run_sync(kube.controls.wait_for_watches, 1)
             assert await anyio.to_thread.run_sync(lambda: kube.controls.drop_watches(reset=reset)) == 1  # noqa: B023
         assert results == [expected]
+
+
+def test_watch_true_on_an_object_path_watches_that_object(kube: KubeStandIn) -> None:
+    name, other = unique_name(), unique_name()
+    with kube.client() as client:
+        for job in (name, other):
+            client.post(JOBS, json=sleeping_job(job)).raise_for_status()
+        with client.stream(
+            "GET", f"{JOBS}/{name}", params={"watch": "true", "timeoutSeconds": 5}
+        ) as response:
+            first = json.loads(next(response.iter_lines()))
+        for job in (name, other):
+            client.delete(f"{JOBS}/{job}", params={"propagationPolicy": "Background"}).raise_for_status()
+
+    assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", name)

@@ -127,7 +127,10 @@ class KubeApi:
             raise not_found("", "namespaces", namespace)
         metadata = obj["metadata"]
         if metadata.get("resourceVersion"):
-            raise ApiError(400, "resourceVersion should not be set on objects to be created")
+            # The API server's storage refuses it with a plain error, which reaches clients as a 500.
+            raise ApiError(
+                500, "Internal error occurred: resourceVersion should not be set on objects to be created"
+            )
         for field in _SERVER_METADATA:
             metadata.pop(field, None)
         if not metadata.get("name") and metadata.get("generateName"):

@@ -98,7 +98,8 @@ class Kubelet:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for container in self._containers.values():
-            _signal_group(container.process, signal.SIGKILL)
+            if container.process.returncode is None:  # an ended one's pid may be someone else's now
+                _signal_group(container.process, signal.SIGKILL)
         for container in self._containers.values():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(container.process.wait(), 5)
@@ -129,7 +130,16 @@ class Kubelet:
     # --- kubelet ----------------------------------------------------------------------------------
 
     async def _run_pods(self) -> None:
-        for pod in self.api.store.list(POD, None):
+        pods = self.api.store.list(POD, None)
+        present = {pod["metadata"]["uid"] for pod in pods}
+        for uid, container in list(self._containers.items()):
+            if uid not in present:  # its Pod was removed without the kubelet: nobody to report to
+                if container.process.returncode is None:
+                    if not container.stopping:
+                        self._stop(container, 0)
+                else:
+                    del self._containers[uid]
+        for pod in pods:
             uid = pod["metadata"]["uid"]
             container = self._containers.get(uid)
             if container is not None:

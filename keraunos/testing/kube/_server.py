@@ -121,9 +121,9 @@ def resolve(path: str) -> Target:
 def verb_of(method: str, target: Target, query: dict[str, str]) -> str:
     """The RBAC verb of a request (`get`, `list`, `watch`, `create`, ...)."""
     if method == "GET":
-        if target.name is not None:
-            return "get"
-        return "watch" if query.get("watch") in ("true", "1") else "list"
+        if query.get("watch") in ("true", "1") and not target.subresource:
+            return "watch"
+        return "get" if target.name is not None else "list"
     if method == "DELETE":
         return "delete" if target.name is not None else "deletecollection"
     return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
@@ -283,14 +283,11 @@ class StandInApp:
         kind = target.kind
         namespace = target.namespace if kind.namespaced else None
         labels = parse_label_selector(query.get("labelSelector", ""))
-        fields = parse_field_selector(query.get("fieldSelector", ""), kind.plural)
-        if target.name is not None:
-            raise ApiError(405, "watch of a single object: use fieldSelector=metadata.name=NAME")
-        timeout = (
-            float(query["timeoutSeconds"])
-            if query.get("timeoutSeconds")
-            else self.config.watch_timeout_seconds
-        )
+        field_selector = query.get("fieldSelector", "")
+        if target.name is not None:  # GET .../NAME?watch=true watches that one object
+            field_selector = f"metadata.name={target.name},{field_selector}"
+        fields = parse_field_selector(field_selector, kind.plural)
+        timeout = _float_param(query, "timeoutSeconds", self.config.watch_timeout_seconds)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         since = query.get("resourceVersion", "")
         if since not in ("", "0") and not since.isdigit():
@@ -302,7 +299,7 @@ class StandInApp:
                 kind,
                 namespace,
                 label_selector=query.get("labelSelector", ""),
-                field_selector=query.get("fieldSelector", ""),
+                field_selector=field_selector,
             )["items"]:
                 obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
                 initial.append(_line({"type": "ADDED", "object": obj}))
@@ -526,6 +523,16 @@ def _int_param(query: dict[str, str], name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ApiError(400, f'invalid value for {name}: "{value}" is not an integer') from None
+
+
+def _float_param(query: dict[str, str], name: str, default: float) -> float:
+    value = query.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ApiError(400, f'invalid value for {name}: "{value}" is not a number') from None
 
 
 def _decode(body: bytes, headers: dict[str, str]) -> Any:
