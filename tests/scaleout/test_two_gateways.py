@@ -235,6 +235,35 @@ def test_a_stuck_replica_is_named_in_the_pause_503_and_catches_up_when_it_resume
     assert pair.call(b, rollout_id).status_code == 200
 
 
+def test_a_replica_stalled_past_its_heartbeat_timeout_admits_nothing_when_it_wakes(pair: Replicas) -> None:
+    a, b = pair.gateways
+    rollout_id = pair.new_rollout(b, "stall")
+    assert pair.call(a, rollout_id).status_code == 200  # a knows the rollout and the endpoint
+    stalled_id = pair.replica_id(a)
+    os.kill(a.process.pid, signal.SIGSTOP)
+    with ThreadPoolExecutor(4) as pool:
+        try:
+            pair.wait_state(
+                b,
+                lambda s: stalled_id not in [r["replica_id"] for r in s["replicas"]],
+                timeout=HEARTBEAT_TIMEOUT_S + 5,
+            )
+            paused = pair.post(b, "/proxy/pause")  # a is dead: only b has to acknowledge
+            assert paused.status_code == 200 and paused.json()["paused"] is True
+            # Agents keep calling a while it is stopped: their requests wait in its socket.
+            waiting = [pool.submit(pair.call, a, rollout_id) for _ in range(4)]
+            time.sleep(0.2)
+        finally:
+            os.kill(a.process.pid, signal.SIGCONT)
+        statuses = [future.result().status_code for future in waiting]
+    assert set(statuses) <= {429, 503}, statuses  # fenced (503) or caught up (429): never admitted
+    acked = lambda s: any(r["replica_id"] == stalled_id and r["acknowledged"] for r in s["replicas"])  # noqa: E731
+    assert pair.wait_state(b, acked)["paused"] is True  # a is back, and paused
+    assert pair.call(a, rollout_id).status_code == 429
+    assert pair.post(b, "/proxy/resume").status_code == 200
+    assert pair.call(a, rollout_id).status_code == 200
+
+
 def test_kill_9_of_a_replica_loses_no_answered_call_and_its_count_expires(pair: Replicas) -> None:
     a, b = pair.gateways
     rollout_id = pair.new_rollout(a, "kill")
