@@ -13,17 +13,9 @@ import anyio
 
 T = TypeVar("T")
 
-#: Fast clocks for tests: retries, grace periods and resyncs in tenths of a second.
-FAST = (
-    "--retry-backoff-seconds",
-    "0.05",
-    "--max-grace-seconds",
-    "0.5",
-    "--resync-seconds",
-    "0.1",
-    "--follow-poll-seconds",
-    "0.05",
-)
+#: Fast clocks for tests: retries, grace periods and log polling in tenths of a second. (Deadlines,
+#: TTLs and process exits wake the node on time; the resync is only a safety net.)
+FAST = ("--retry-backoff-seconds", "0.05", "--max-grace-seconds", "0.5", "--follow-poll-seconds", "0.05")
 
 
 def unique_name(prefix: str = "job") -> str:
