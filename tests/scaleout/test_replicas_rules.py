@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keraunos.gateway.app import create_app
 from keraunos.gateway.config import ConfigError, GatewayConfig
 from keraunos.gateway.replicas import (
     ClusterCoordination,
@@ -18,6 +21,7 @@ from keraunos.gateway.replicas import (
     coordination_for,
     summarize,
 )
+from keraunos.ledger import open_ledger
 from keraunos.ledger._pg_replicas import PauseRow, ReplicaRow
 
 #: Reproducible, and no per-example deadline (the machine running the suite may be busy).
@@ -123,3 +127,23 @@ def test_only_a_postgresql_ledger_gets_the_cluster_coordination() -> None:
     clustered = coordination_for(GatewayConfig(db="postgresql+asyncpg://u@db:5432/k"))
     assert isinstance(clustered, ClusterCoordination)
     assert clustered.pause.fenced()  # admits nothing until it has joined
+
+
+async def _call_unjoined_replica(tmp_path: Path) -> httpx.Response:
+    config = GatewayConfig(key="k", db="postgresql://nobody@127.0.0.1:1/none")
+    # The app is never started: its coordination has not joined, as for a replica that lost touch.
+    app = create_app(config, open_ledger(str(tmp_path / "unused.db")), coordination_for(config))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://replica") as client:
+        return await client.post(
+            "/proxy/rollout/r1/attempt/0/mode/train/openai/v1/chat/completions",
+            json={"messages": []},
+            headers={"Authorization": "Bearer k"},
+        )
+
+
+def test_a_replica_out_of_touch_with_the_others_refuses_proxy_calls_with_503(tmp_path: Path) -> None:
+    response = asyncio.run(_call_unjoined_replica(tmp_path))
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "1"
+    assert response.json()["error"]["source"] == "gateway"
+    assert "cannot reach the shared ledger" in response.json()["detail"]
