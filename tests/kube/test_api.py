@@ -259,3 +259,15 @@ def test_jobs_in_a_new_namespace_are_listed_across_namespaces_and_deleted_by_col
     assert deleted.status_code == 200 and len(deleted.json()["items"]) == 2
     assert [j["metadata"]["name"] for j in left["items"]] == [f"{run}-0"]
     assert after_namespace["items"] == []
+
+
+def test_subresources_take_only_their_verbs(kube: KubeStandIn) -> None:
+    name = unique_name()
+    with kube.client() as client:
+        client.post(JOBS, json=sleeping_job(name)).raise_for_status()
+        status = client.get(f"{JOBS}/{name}/status")
+        refused = client.delete(f"{JOBS}/{name}/status")
+        client.delete(f"{JOBS}/{name}", params={"propagationPolicy": "Background"}).raise_for_status()
+
+    assert status.status_code == 200 and status.json()["metadata"]["name"] == name
+    assert refused.status_code == 405 and refused.json()["reason"] == "MethodNotAllowed"

@@ -252,6 +252,8 @@ class StandInApp:
                 options=_delete_options(body, query),
             )
         assert target.name is not None
+        if target.subresource and verb not in dict(kind.subresources)[target.subresource]:
+            raise ApiError(405, f"the server does not allow this method on the requested resource ({method})")
         if verb == "get":
             return 200, api.get(kind, namespace, target.name)
         if verb == "update":
