@@ -22,6 +22,12 @@ min / median / max over `--runs`.
     python benchmarks/proxy.py --runs 3                        # defaults below
     python benchmarks/proxy.py --runs 1 --duration 3           # a quick check
     python benchmarks/proxy.py --mode stream                   # streamed calls only
+    python benchmarks/proxy.py --db postgres                   # PostgreSQL ledger (a private server)
+    python benchmarks/proxy.py --db postgresql://u@host/db     # an existing PostgreSQL database
+
+`--db` picks the ledger: `sqlite` (default, a fresh file per run), `postgres` (a private PostgreSQL 15
+started here, fsync and synchronous commits on, a fresh database per run; keraunos/testing/postgres.py)
+or a `postgresql://` URL used as it is.
 """
 
 from __future__ import annotations
@@ -222,9 +228,15 @@ async def load_all(
     return results
 
 
-def run_once(args: argparse.Namespace) -> dict[tuple[str, int], LoadResult]:
+def run_once(args: argparse.Namespace, pg: Any) -> dict[tuple[str, int], LoadResult]:
     with tempfile.TemporaryDirectory(prefix="keraunos-proxy-bench-") as tmp:
         workdir = Path(tmp)
+        if args.db == "sqlite":
+            db = str(workdir / "ledger.db")
+        elif pg is not None:
+            db = pg.create_database("bench")
+        else:
+            db = args.db
         engine_args = [
             "engine-mock",
             "--served-model-name",
@@ -239,7 +251,7 @@ def run_once(args: argparse.Namespace) -> dict[tuple[str, int], LoadResult]:
                 "--key",
                 KEY,
                 "--db",
-                str(workdir / "ledger.db"),
+                db,
                 "--served-model",
                 SERVED_MODEL,
                 "--durability",
@@ -270,10 +282,18 @@ def cell(values: list[float], digits: int = 1) -> str:
     return " / ".join(f"{v:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
 
 
+def ledger_name(args: argparse.Namespace) -> str:
+    if args.db == "sqlite":
+        return f"SQLite (durability {args.durability})"
+    if args.db == "postgres":
+        return "PostgreSQL 15 (private server, fsync + synchronous_commit on)"
+    return "PostgreSQL at the given URL"
+
+
 def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespace) -> None:
     print(
         f"proxy benchmark: prompt {args.prompt_words} words, max_tokens {args.max_tokens} (ignore_eos), "
-        f"logprobs, engine latency {args.engine_latency_ms} ms, durability {args.durability}, "
+        f"logprobs, engine latency {args.engine_latency_ms} ms, ledger {ledger_name(args)}, "
         f"{args.duration} s per load after {args.warmup} s warm-up, {len(runs)} run(s); "
         f"gateway on CPU {args.server_cpus}, engine + client on CPU {args.client_cpus}"
     )
@@ -347,6 +367,11 @@ def main() -> None:
         default="both",
         help="plain: unstreamed calls; stream: streamed calls; both (default)",
     )
+    parser.add_argument(
+        "--db",
+        default="sqlite",
+        help="ledger: sqlite (default), postgres (a private PostgreSQL server) or a postgresql:// URL",
+    )
     parser.add_argument("--server-cpus", default="0", help="taskset CPU list of the gateway (default 0)")
     default_client = "1" if (os.cpu_count() or 1) > 1 else "0"
     parser.add_argument(
@@ -355,12 +380,23 @@ def main() -> None:
         help=f"taskset CPU list of this client and the engine (default {default_client})",
     )
     args = parser.parse_args()
+    if args.db not in ("sqlite", "postgres") and not args.db.startswith(("postgresql://", "postgres://")):
+        parser.error("--db takes sqlite, postgres or a postgresql:// URL")
+    pg = None
+    if args.db == "postgres":
+        from keraunos.testing.postgres import start_postgres
+
+        pg = start_postgres()  # started before pinning: the server is not on the client's CPUs
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpu_set(args.client_cpus))
     runs = []
-    for run in range(args.runs):
-        print(f"run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
-        runs.append(run_once(args))
+    try:
+        for run in range(args.runs):
+            print(f"run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+            runs.append(run_once(args, pg))
+    finally:
+        if pg is not None:
+            pg.stop()
     report(runs, args)
 
 

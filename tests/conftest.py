@@ -68,9 +68,10 @@ SHARED_MAX_BODY_BYTES = 1024 * 1024
 
 
 @pytest.fixture(scope="session")
-def gateway_backend() -> str:
-    """Ledger backend of the shared `gateway`: "sqlite"; tests/gateway/conftest.py makes it both."""
-    return "sqlite"
+def gateway_backend(request: pytest.FixtureRequest) -> str:
+    """Ledger backend of the shared `gateway`: "sqlite" unless a module parametrises it
+    (tests/gateway/conftest.py runs the ledger-backed API tests on "postgres" too)."""
+    return getattr(request, "param", "sqlite")
 
 
 @pytest.fixture(scope="session")

@@ -144,6 +144,9 @@ class PostgresLedger(Ledger):
             raise LedgerError(f"ledger {self.where}: {exc}") from exc
         try:
             await self._pool.run(lambda conn: migrate(conn, self.where))
+        except asyncpg.PostgresError as exc:  # e.g. no permission to create tables
+            await self._pool.close()
+            raise LedgerError(f"ledger {self.where}: cannot set up the schema: {exc}") from exc
         except BaseException:
             await self._pool.close()
             raise
@@ -167,8 +170,10 @@ class PostgresLedger(Ledger):
         group_ids = [group_id_of(item.metadata) for item in items]
 
         async def op(conn: asyncpg.Connection) -> list[Rollout]:
+            inserted: set[str] = set()
             while True:
-                inserted = {row[0] for row in await conn.fetch(_INSERT_ROLLOUTS, *columns, group_ids, now)}
+                # Rows inserted by an earlier pass are no-ops now (ON CONFLICT DO NOTHING).
+                inserted |= {row[0] for row in await conn.fetch(_INSERT_ROLLOUTS, *columns, group_ids, now)}
                 # A fresh random id that is taken already (never in practice): draw again.
                 clashes = [
                     k

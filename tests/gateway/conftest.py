@@ -1,11 +1,19 @@
-"""The API specification tests (tests/gateway/test_api_*.py) run against both ledger backends."""
+"""The API specification tests whose answers come from the ledger run against both backends."""
 
 from __future__ import annotations
 
 import pytest
 
+#: Modules whose tests run on a gateway with a SQLite ledger and on one with a PostgreSQL ledger.
+#: Left out, to keep CI time: test_api_access (authentication; the ledger only answers its token
+#: checks, which tests/gateway/test_tokens.py covers on SQLite) and test_api_triplet_delta (its own
+#: gateway; the delta chains are covered by the ledger suite on both backends).
+ON_BOTH_BACKENDS = frozenset(
+    {"test_api_attempts", "test_api_events", "test_api_models", "test_api_rollouts", "test_api_terminal"}
+)
 
-@pytest.fixture(scope="session", params=["sqlite", "postgres"])
-def gateway_backend(request: pytest.FixtureRequest) -> str:
-    """Ledger backend of the shared `gateway` (tests/conftest.py): each test runs on both."""
-    return request.param
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if "gateway_backend" in metafunc.fixturenames and module in ON_BOTH_BACKENDS:
+        metafunc.parametrize("gateway_backend", ["sqlite", "postgres"], indirect=True, scope="session")

@@ -25,10 +25,17 @@ SWEEP_S = 0.05
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    """This module's own gateway: nobody else's rollouts get claimed here."""
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, gateway_backend: str, request: pytest.FixtureRequest
+) -> Iterator[Gateway]:
+    """This module's own gateway: nobody else's rollouts get claimed here (on each ledger backend,
+    see tests/gateway/conftest.py)."""
+    db = None
+    if gateway_backend == "postgres":
+        db = request.getfixturevalue("postgres").create_database("attempts")
     started = start_gateway(
         tmp_path_factory.mktemp("attempts-gw"),
+        db=db,
         args=(
             "--attempt-sweep-interval-s",
             str(SWEEP_S),

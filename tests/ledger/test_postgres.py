@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -80,6 +81,19 @@ def test_a_password_is_never_shown_in_messages() -> None:
     assert "secret" not in ledger.where and "u:***@127.0.0.1:1" in ledger.where
 
 
+async def test_a_fresh_id_that_is_taken_is_drawn_again(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import keraunos.ledger.postgres as module
+
+    drawn = iter(["ro-taken", "ro-taken", "ro-free"])
+    async with PostgresLedger(dsn, pool=PG_POOL) as ledger:
+        await ledger.create_rollouts(items("ro-taken"), 1.0)
+        monkeypatch.setattr(module, "fresh_rollout_id", lambda: next(drawn))
+        created = await ledger.create_rollouts([RolloutCreate(input={"n": 1}), *items("x")], 2.0)
+        assert [r.rollout_id for r in created] == ["ro-free", "x"]
+        taken = await ledger.get_rollout("ro-taken")
+        assert taken is not None and taken.input == {}  # untouched
+
+
 # -- several ledgers, one database -----------------------------------------------------------------
 
 
@@ -111,6 +125,19 @@ async def test_a_database_newer_than_this_code_is_refused(postgres_dsn: str) -> 
         await conn.close()
     with pytest.raises(Exception, match=f"schema version {LATEST_VERSION + 1}"):
         await PostgresLedger(dsn, pool=PG_POOL).open()
+
+
+def test_a_user_who_may_not_create_the_schema_gets_a_clear_error(postgres: PostgresServer) -> None:
+    dsn = postgres.create_database()
+    role = f"limited_{uuid.uuid4().hex[:8]}"
+    postgres.execute(f"CREATE ROLE {role} LOGIN")  # PostgreSQL 15: no CREATE on schema public
+    limited = dsn.replace("postgresql://postgres@", f"postgresql://{role}@")
+
+    async def open_it() -> None:
+        await PostgresLedger(limited, pool=PG_POOL).open()
+
+    with pytest.raises(LedgerError, match="cannot set up the schema: permission denied"):
+        anyio.run(open_it)
 
 
 async def test_concurrent_claimers_on_separate_ledgers_never_get_the_same_rollout(

@@ -27,8 +27,7 @@ def test_help_names_postgresql_urls(cli: Cli) -> None:
     "db",
     [
         "postgresql://postgres@127.0.0.1:{port}/keraunos",  # nothing listens there
-        "postgresql://postgres@127.0.0.1:notaport/keraunos",
-        "postgres://postgres@127.0.0.1:{port}",  # no database named
+        "postgres://postgres@127.0.0.1:notaport/keraunos",
     ],
 )
 def test_a_bad_or_unreachable_database_is_one_error_line_and_exit_1(cli: Cli, db: str) -> None:
@@ -48,21 +47,20 @@ def test_a_missing_database_is_named_in_the_error(cli: Cli, postgres: PostgresSe
     assert 'database "no_such_db" does not exist' in result.stderr
 
 
-def test_a_lost_database_answers_503_promptly_and_service_resumes(
-    gateway_factory: Any, pg_own_server: PostgresServer
-) -> None:
+def test_a_lost_database_answers_503_promptly(gateway_factory: Any, pg_own_server: PostgresServer) -> None:
+    """Never a hang: within the pool's time limits the caller hears that nothing was stored.
+    (That service resumes when the server is back is shown on the ledger, in test_postgres.py.)"""
     gateway = gateway_factory(
         db=pg_own_server.create_database(), args=("--db-timeout-s", "2", "--db-command-timeout-s", "3")
     )
     with gateway.client() as api:
         assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": "r"}]).status_code == 201
         pg_own_server.kill()
-        started = time.monotonic()
-        lost = api.get("/api/rollouts/r")
-        assert lost.status_code == 503 and "Ledger unavailable" in lost.text
-        assert time.monotonic() - started < 10
-        pg_own_server.restart()
-        deadline = time.monotonic() + 15
-        while (found := api.get("/api/rollouts/r")).status_code == 503 and time.monotonic() < deadline:
-            time.sleep(0.1)  # the pool replaces connections that died with the old server
-        assert found.status_code == 200 and found.json()["rollout"]["rollout_id"] == "r"
+        for request in (
+            lambda: api.get("/api/rollouts/r"),
+            lambda: api.post("/api/rollouts", json=[{"input": {}}]),
+        ):
+            started = time.monotonic()
+            lost = request()
+            assert lost.status_code == 503 and "Ledger unavailable" in lost.text
+            assert time.monotonic() - started < 10
