@@ -79,7 +79,7 @@ def test_inflight_from_either_replica_is_the_total_and_drains_to_zero_on_both(pa
     a, b = pair.gateways
     rollout_id = pair.new_rollout(a, "drain")
     seen = pair.engine.stats()["requests"]
-    pair.engine.faults(delay_ms=1200, count=3)  # three slow calls: two through a, one through b
+    pair.engine.faults(delay_ms=3000, count=3)  # three slow calls: two through a, one through b
     results: list[tuple[float, int]] = []
 
     def slow_call(gateway_index: int) -> None:
@@ -110,7 +110,7 @@ def test_inflight_from_either_replica_is_the_total_and_drains_to_zero_on_both(pa
     assert [status for _, status in results] == [200, 200, 200]
     last_answer = max(at for at, _ in results)
     # Both replicas said 0 promptly once the last call was answered.
-    assert all(at - last_answer < 1.0 for at in drained), (drained, last_answer)
+    assert all(at - last_answer < 2.0 for at in drained), (drained, last_answer)
 
 
 def test_three_controllers_on_the_two_replicas_start_each_rollout_exactly_once(
