@@ -216,6 +216,34 @@ async def test_the_terminal_cursor_never_skips_a_rollout_while_several_ledgers_w
     assert seen == [row["rollout_id"] for row in rows]  # the reader's order is position order
 
 
+async def test_a_later_terminal_transition_waits_for_an_earlier_uncommitted_one(
+    replicas: list[Ledger], dsn: str
+) -> None:
+    """Commit order, deterministically: while one transaction holds terminal position 1 without
+    committing, a second rollout's terminal move waits (so it cannot commit position 2 first), and a
+    reader sees neither until the first commits."""
+    ledger, reader = replicas[0], replicas[1]
+    await ledger.create_rollouts(items("first", "second"), 1.0)
+    conn = await asyncpg.connect(dsn)
+    try:
+        transaction = conn.transaction()
+        await transaction.start()
+        await conn.execute("UPDATE rollouts SET state = 'failed' WHERE rollout_id = 'first'")
+        second = asyncio.create_task(
+            ledger.patch_rollout("second", RolloutStatusPatch(state=RolloutState.FAILED), 2.0)
+        )
+        await asyncio.sleep(0.5)
+        assert not second.done()  # blocked behind the first transaction's position
+        assert (await reader.terminal_page(0, 10)).total_terminal == 0
+        await transaction.commit()
+        await second
+    finally:
+        await conn.close()
+    page = await reader.terminal_page(0, 10)
+    assert [item.rollout_id for item in page.items] == ["first", "second"]
+    assert page.total_terminal == 2
+
+
 async def test_calls_of_one_attempt_appended_through_two_ledgers_read_back_exactly(
     replicas: list[Ledger],
 ) -> None:
