@@ -233,11 +233,17 @@ def _server_env() -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """Run in the child before exec: the kernel sends SIGQUIT (immediate shutdown) if we die."""
-    libc = ctypes.CDLL(None, use_errno=True)
+def _die_with_parent() -> Callable[[], None]:
+    """What the child runs before exec: the kernel sends it SIGQUIT (immediate shutdown) when we die.
+
+    libc is looked up here, in the parent: a dlopen between fork and exec could deadlock."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
     pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGQUIT)
+
+    def in_child() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGQUIT)
+
+    return in_child
 
 
 def _spawn(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
@@ -261,7 +267,7 @@ def _spawn(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]
             stdout=log,
             stderr=subprocess.STDOUT,
             env=_server_env(),
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent(),
             start_new_session=True,  # its own process group: kill() takes the backends too
             user=user,
             group=group,

@@ -1,10 +1,11 @@
 """Fixtures of the ledger suite: every backend passes the same tests (`tests/ledger/test_ledger.py`).
 
 A backend joins the suite with one entry in `BACKENDS`: a function that prepares storage private to
-the test (a file in its tmp_path, a fresh PostgreSQL database) and returns a factory of ledgers, not
-yet opened, on that storage (the same storage every time it is called in that test, so a test can
-close a ledger and open it again). PostgreSQL tests use the session's server (`postgres` in
-tests/conftest.py) and skip, saying why, where its binaries are absent.
+the test (a file in its tmp_path; a PostgreSQL database emptied for it, see `LedgerDatabase`) and
+returns a factory of ledgers, not yet opened, on that storage (the same storage every time it is
+called in that test, so a test can close a ledger and open it again). PostgreSQL tests use the
+session's server (`postgres` in tests/conftest.py) and skip, saying why, where its binaries are
+absent.
 """
 
 from __future__ import annotations
