@@ -64,7 +64,7 @@ def job_manifest(
 
 
 async def eventually(
-    check: Callable[[], Awaitable[T | None]], seconds: float = 5.0, what: str = "condition"
+    check: Callable[[], Awaitable[T | None]], seconds: float = 10.0, what: str = "condition"
 ) -> T:
     """Poll the async `check` until it returns something truthy (returned) or `seconds` pass (AssertionError)."""
     deadline = time.monotonic() + seconds
