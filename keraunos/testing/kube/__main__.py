@@ -10,7 +10,7 @@ from keraunos.testing.kube._config import StandInConfig
 
 def kube_stand_in_app() -> typer.Typer:
     """A one-command typer app that validates its options through `StandInConfig` and serves."""
-    from keraunos.testing.kube._server import serve
+    from keraunos.testing.kube._serve import serve
 
     return settings_command(
         StandInConfig,
