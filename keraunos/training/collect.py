@@ -243,11 +243,14 @@ class RolloutCollector:
         """Pause the proxy and wait up to `timeout_s` for the model calls in flight to finish."""
         body = {"retry_after_seconds": self.config.pause_retry_after_s, "reason": "weight update"}
         started = time.monotonic()
-        at_pause = int((await self._request("POST", "/proxy/pause", json=body)).json()["inflight"])
-        inflight = at_pause
-        while inflight > 0 and time.monotonic() - started < timeout_s:
+        state = (await self._request("POST", "/proxy/pause", json=body)).json()
+        at_pause = inflight = int(state["inflight"])
+        # Against gateway replicas the pause holds only once every live replica acknowledged it, so
+        # wait for `paused` as well as for the calls to drain (one gateway is paused at once).
+        while (inflight > 0 or state.get("paused") is False) and time.monotonic() - started < timeout_s:
             await asyncio.sleep(self.config.drain_poll_interval_s)
-            inflight = int((await self._request("GET", "/proxy/state")).json()["inflight"])
+            state = (await self._request("GET", "/proxy/state")).json()
+            inflight = int(state["inflight"])
         report = DrainReport(at_pause, time.monotonic() - started, inflight)
         log.info("proxy paused", inflight_at_pause=at_pause, drain_s=report.drain_seconds, left=inflight)
         return report
