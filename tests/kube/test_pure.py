@@ -17,8 +17,8 @@ from keraunos.testing.kube._containers import (
     container_environment,
     expand,
 )
-from keraunos.testing.kube._jobs import JobMemory, plan_job
-from keraunos.testing.kube._objects import JOB
+from keraunos.testing.kube._jobs import JobMemory, plan_job, pod_for_job
+from keraunos.testing.kube._objects import JOB, POD
 from keraunos.testing.kube._patch import json_patch, merge_patch, strategic_merge_patch
 from keraunos.testing.kube._selectors import labels_match, parse_field_selector, parse_label_selector
 from keraunos.testing.kube._server import resolve
@@ -305,3 +305,22 @@ def test_paths_it_does_not_serve_are_404(path: str) -> None:
     with pytest.raises(ApiError) as raised:
         resolve(path)
     assert raised.value.code == 404
+
+
+def test_an_orphaning_delete_marks_the_job_frees_its_pods_then_removes_it() -> None:
+    api = new_api()
+    job = api.create(JOB, "default", job_body("j"))
+    pod_body = pod_for_job(job)
+    pod_body["spec"]["restartPolicy"] = "Never"
+    created_pod = api.create(POD, "default", pod_body)
+    since = api.store.resource_version
+
+    answer = api.delete(JOB, "default", "j")  # no propagationPolicy: Orphan, as for Jobs in the API server
+
+    assert answer["metadata"]["finalizers"] == ["orphan"] and "deletionTimestamp" in answer["metadata"]
+    assert [(e.type, e.plural) for e in api.store.events_after(since)] == [
+        ("MODIFIED", "jobs"),
+        ("MODIFIED", "pods"),
+        ("DELETED", "jobs"),
+    ]
+    assert "ownerReferences" not in api.get(POD, "default", created_pod["metadata"]["name"])["metadata"]

@@ -325,16 +325,24 @@ class KubeApi:
             if not any(self.store.exists(POD, namespace, p["metadata"]["name"]) for p in dependents):
                 self.store.remove(kind, namespace, name)
             return current
-        self.store.remove(kind, namespace, name)
-        for pod in dependents:
-            if policy == "Background":
-                self.delete_pod(pod, None)
-            else:
+        if policy == "Orphan":
+            # Like the garbage collector's orphan finalizer: the Job is marked (and that is what the
+            # caller gets back), its Pods lose their owner reference, then the Job goes.
+            current["metadata"]["deletionTimestamp"] = self.now()
+            current["metadata"]["deletionGracePeriodSeconds"] = 0
+            current["metadata"]["finalizers"] = [*(current["metadata"].get("finalizers") or []), "orphan"]
+            marked = self.store.update(kind, namespace, current)
+            for pod in dependents:
                 refs = [ref for ref in pod["metadata"]["ownerReferences"] if ref.get("uid") != uid]
                 pod["metadata"]["ownerReferences"] = refs
                 if not refs:
                     del pod["metadata"]["ownerReferences"]
                 self.store.update(POD, namespace, pod)
+            self.store.remove(kind, namespace, name)
+            return marked
+        self.store.remove(kind, namespace, name)
+        for pod in dependents:
+            self.delete_pod(pod, None)
         return success_status({"name": name, "group": kind.group, "kind": kind.plural, "uid": uid})
 
     def delete_pod(self, pod: dict[str, Any], grace_seconds: int | None) -> dict[str, Any]:
