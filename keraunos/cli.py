@@ -225,6 +225,35 @@ def train(ctx: typer.Context) -> None:
     typer.main.get_command(train_app).main(args=ctx.args, prog_name="keraunos train")
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+    short_help="Train a tiny model to use a calculator, on this machine, in minutes (see keraunos demo --help).",
+)
+def demo(ctx: typer.Context) -> None:
+    """Prepare a tiny model, warm-start it on the calc agent's format, train it with GRPO, show the gain."""
+    from keraunos._settings_cli import settings_command
+    from keraunos.demo.config import DemoConfig
+
+    def run(config: DemoConfig) -> int:
+        from keraunos.demo.command import run_demo
+
+        return run_demo(config)
+
+    demo_app = settings_command(
+        DemoConfig,
+        name="demo",
+        doc="Train the calc agent's model end to end on this machine (CPU, no network; docs/demo.md): a "
+        "tiny model is prepared on the spot (byte-level BPE tokenizer, Qwen2-style model, a short "
+        "supervised warm start on the agent's format) and cached, then improved with GRPO through the "
+        "embedded gateway, controller and model server. Writes RUN_DIR/metrics.jsonl, summary.json and "
+        "reward.png and prints the reward before and after. Precedence: flag > environment variable > "
+        "--config file > default.",
+        run=run,
+    )
+    typer.main.get_command(demo_app).main(args=ctx.args, prog_name="keraunos demo")
+
+
 def main() -> None:
     """Console-script entry point (`keraunos`)."""
     app()

@@ -50,13 +50,24 @@ def default_corpus(seed: int = 0, lines: int = 3000) -> list[str]:
     return corpus
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 512):  # -> PreTrainedTokenizerFast
-    """A byte-level BPE tokenizer of `vocab_size` entries (specials included) trained on `corpus`."""
+def build_tokenizer(
+    corpus: Iterable[str], vocab_size: int = 512, *, split_digits: bool = False
+):  # -> PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer of `vocab_size` entries (specials included) trained on `corpus`.
+
+    With `split_digits`, every digit is a token of its own (as in Llama and Qwen2), so a number
+    is the same tokens wherever it appears and a small model can copy it digit by digit.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -83,6 +94,7 @@ def build_tiny_model(
     kv_heads: int = 2,
     max_positions: int = 1024,
     corpus: Iterable[str] | None = None,
+    split_digits: bool = False,
 ) -> Path:
     """Write a tiny Qwen2-style model with random weights and its tokenizer to `path`; returns it.
 
@@ -92,7 +104,9 @@ def build_tiny_model(
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
-    tokenizer = build_tokenizer(default_corpus(seed) if corpus is None else corpus, vocab_size)
+    tokenizer = build_tokenizer(
+        default_corpus(seed) if corpus is None else corpus, vocab_size, split_digits=split_digits
+    )
     eos_id, pad_id = tokenizer.convert_tokens_to_ids(END), tokenizer.convert_tokens_to_ids(PAD)
     assert isinstance(eos_id, int) and isinstance(pad_id, int)
     config = Qwen2Config(

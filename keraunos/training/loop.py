@@ -133,8 +133,10 @@ def step_metrics(
 
 
 def summarize(history: Sequence[dict[str, float]], seconds: float) -> dict[str, Any]:
-    """The run's summary: steps, time, rewards of the first and last steps, rollouts, calls, breaks."""
+    """The run's summary: steps, time, rewards of the first and last steps, rollouts, calls (and the
+    fewest of one rollout), breaks."""
     rewards = [r["reward_mean"] for r in history if not math.isnan(r["reward_mean"])]
+    least = [int(r["rows/min_calls_per_rollout"]) for r in history if "rows/min_calls_per_rollout" in r]
 
     def mean(values: Sequence[float]) -> float | None:
         return float(np.mean(values)) if values else None
@@ -149,6 +151,7 @@ def summarize(history: Sequence[dict[str, float]], seconds: float) -> dict[str, 
         "rollouts": int(sum(r.get("collect/rollouts", 0.0) for r in history)),
         "model_calls": int(sum(r.get("rows/calls", 0.0) for r in history)),
         "merge_breaks": int(sum(r.get("rows/breaks", 0.0) for r in history)),
+        "min_model_calls_per_rollout": min(least) if least else None,
         "updates": int(sum(1 for r in history if r.get("train/step") is not None)),
         "version": int(history[-1]["version"]) if history else 0,
     }
@@ -336,6 +339,10 @@ class TrainingLoop:
         t0 = time.perf_counter()
         rollouts = batch.rollouts
         built = build_rows(rollouts, self.rows_config, tokenizer=self.trainer.tokenizer)
+        rows_metrics = dict(built.metrics)
+        if rollouts:
+            # The fewest model calls of one rollout (a multi-turn agent's promise, checked per rollout).
+            rows_metrics["min_calls_per_rollout"] = float(min(len(r.triplets) for r in rollouts))
         adv = rollout_advantages(
             [r.reward for r in rollouts], [r.group_id for r in rollouts], self.advantage_config
         )
@@ -355,7 +362,7 @@ class TrainingLoop:
             step,
             self.target.version,
             collect=batch.metrics,
-            rows=built.metrics,
+            rows=rows_metrics,
             advantages=adv.metrics,
             train=train,
             timings=timings,
