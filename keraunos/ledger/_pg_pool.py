@@ -31,7 +31,9 @@ _RETRYABLE = frozenset({"40001", "40P01"})
 class PoolSettings:
     """Sizes and time limits of the ledger's connection pool (all configurable, for fast tests)."""
 
-    min_size: int = 1
+    #: Connections opened up front and kept open. 0: only on demand, so that while the server is
+    #: down the pool does not keep reconnecting in the background (and logging each failure).
+    min_size: int = 0
     max_size: int = 10
     connect_timeout_s: float = 5.0
     acquire_timeout_s: float = 10.0

@@ -24,7 +24,7 @@ from keraunos.testing.postgres import PostgresServer, postgres_missing, start_po
 MakeLedger = Callable[[], Ledger]
 
 #: Time limits of test ledgers on PostgreSQL: short, so a lost server fails a test fast.
-PG_POOL = PoolSettings(min_size=1, max_size=8, connect_timeout_s=5.0, acquire_timeout_s=10.0)
+PG_POOL = PoolSettings(max_size=8, connect_timeout_s=5.0, acquire_timeout_s=10.0)
 
 
 def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> MakeLedger:
@@ -47,6 +47,8 @@ BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], MakeLedger]] = {
 # Every table of the ledger emptied, identities and the terminal counter back to their start. The
 # schema itself (and its version) stays.
 _EMPTY_LEDGER = """
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid();
 DO $$ BEGIN
     EXECUTE (SELECT 'TRUNCATE ' || string_agg(quote_ident(tablename), ', ') || ' RESTART IDENTITY'
              FROM pg_tables
@@ -74,13 +76,8 @@ class LedgerDatabase:
             self._dsn = self._server.create_database("ledger")
             anyio.run(self._migrate, self._dsn)
             return self._dsn
-        name = self._dsn.rsplit("/", 1)[1]
         # A test that failed may have left a ledger open: its connections go first.
-        self._server.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-        )
-        self._server.execute(_EMPTY_LEDGER, database=name)
+        self._server.execute(_EMPTY_LEDGER, database=self._dsn.rsplit("/", 1)[1])
         return self._dsn
 
     @staticmethod

@@ -27,7 +27,7 @@ from keraunos.testing.calls import growing_prefix_rollout
 from keraunos.testing.postgres import PostgresServer
 
 #: Pool of the ledgers here: as a gateway's, smaller.
-PG_POOL = PoolSettings(min_size=1, max_size=4)
+PG_POOL = PoolSettings(max_size=4)
 
 pytestmark = pytest.mark.anyio
 
@@ -275,9 +275,7 @@ async def test_concurrent_appends_to_one_attempt_from_several_ledgers_all_read_b
 
 # -- a server that goes away -----------------------------------------------------------------------
 
-FAST_FAIL = PoolSettings(
-    min_size=1, max_size=4, connect_timeout_s=2.0, acquire_timeout_s=3.0, command_timeout_s=3.0
-)
+FAST_FAIL = PoolSettings(max_size=4, connect_timeout_s=2.0, acquire_timeout_s=3.0, command_timeout_s=3.0)
 
 
 async def test_acknowledged_writes_survive_a_crash_of_the_server(pg_own_server: PostgresServer) -> None:
