@@ -22,6 +22,7 @@ def plot_rewards(rewards: Sequence[float], path: Path, *, title: str) -> Path:
 
     matplotlib.use("Agg")  # no display: render to a file only
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(6.4, 4.0), dpi=100)
     axes = figure.add_subplot()
@@ -29,6 +30,7 @@ def plot_rewards(rewards: Sequence[float], path: Path, *, title: str) -> Path:
     axes.plot(steps, rewards, marker="o", markersize=3, linewidth=1, alpha=0.6, label="mean reward")
     axes.plot(steps, moving_average(rewards, 5), linewidth=2, label="5-step average")
     axes.set_xlabel("training step")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel("reward")
     axes.set_ylim(-0.02, 1.02)
     axes.set_title(title)
