@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -393,18 +393,25 @@ class PostgresLedger(Ledger):
     async def list_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None
     ) -> list[EventDict]:
-        rows = await self._event_rows(rollout_id, attempt_id, event_type)
-        if len(rows) < _DECODE_IN_THREAD:
-            return decode_events(rollout_id, attempt_id, rows)
-        return await asyncio.to_thread(decode_events, rollout_id, attempt_id, rows)
+        return await self._decoded(decode_events, rollout_id, attempt_id, event_type)
 
     async def list_triplet_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None
     ) -> list[EventDict]:
+        return await self._decoded(decode_triplet_events, rollout_id, attempt_id, event_type)
+
+    async def _decoded(
+        self,
+        decode: Callable[[str, str, list[EventRow]], list[EventDict]],
+        rollout_id: str,
+        attempt_id: str,
+        event_type: str | None,
+    ) -> list[EventDict]:
+        """The attempt's events read and decoded; a long list off the event loop."""
         rows = await self._event_rows(rollout_id, attempt_id, event_type)
         if len(rows) < _DECODE_IN_THREAD:
-            return decode_triplet_events(rollout_id, attempt_id, rows)
-        return await asyncio.to_thread(decode_triplet_events, rollout_id, attempt_id, rows)
+            return decode(rollout_id, attempt_id, rows)
+        return await asyncio.to_thread(decode, rollout_id, attempt_id, rows)
 
     async def _event_rows(self, rollout_id: str, attempt_id: str, event_type: str | None) -> list[EventRow]:
         # With a filter, model_request rows are still all read (in order) when the filter is
