@@ -46,13 +46,13 @@ class DemoConfig(LayeredSettings):
         "~/.cache/keraunos); the model is kept in <root>/demo/<hash of the recipe>.",
     )
     steps: int = Field(default=20, ge=1, description="RL steps (one weight update each).")
-    group_size: int = Field(default=8, ge=2, description="Rollouts per question (the GRPO group).")
-    batch_size: int = Field(default=4, ge=1, description="Questions per step.")
-    lr: float = Field(default=1.5e-3, gt=0, description="RL learning rate (AdamW).")
+    group_size: int = Field(default=4, ge=2, description="Rollouts per question (the GRPO group).")
+    batch_size: int = Field(default=8, ge=1, description="Questions per step.")
+    lr: float = Field(default=5e-4, gt=0, description="RL learning rate (AdamW).")
     sft_steps: int = Field(default=1600, ge=0, description="Warm-start (supervised) optimizer steps.")
     sft_examples: int = Field(default=2000, ge=1, description="Warm-start conversations.")
     tool_share: float = Field(
-        default=0.35,
+        default=0.5,
         ge=0.0,
         le=1.0,
         description="Share of warm-start conversations that use the calculator (the rest answer "

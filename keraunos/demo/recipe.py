@@ -54,7 +54,7 @@ class Recipe(BaseModel):
     max_value: int = Field(default=9, ge=1, description="Largest integer in a question.")
     examples: int = Field(default=2000, ge=1, description="Warm-start conversations.")
     tool_share: float = Field(
-        default=0.35, ge=0.0, le=1.0, description="Share of warm-start conversations that use the calculator."
+        default=0.5, ge=0.0, le=1.0, description="Share of warm-start conversations that use the calculator."
     )
     sft_steps: int = Field(default=800, ge=0, description="Supervised optimizer steps.")
     sft_batch_size: int = Field(default=16, ge=1, description="Conversations per supervised step.")
