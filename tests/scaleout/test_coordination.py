@@ -139,10 +139,11 @@ async def test_a_dead_replica_owes_nothing_and_its_count_expires(cluster: Join, 
     a = await cluster("a")
     gone = PgReplicaStore(postgres_dsn, timeout_s=2.0)
     await gone.open(lambda row: None)
-    await gone.beat("gone", lease_s=0.3, acked_epoch=0, inflight=7)
-    await gone.close()  # never beats again: dead 0.3 s after its last heartbeat
+    # Dead 1.5 s after its last heartbeat: long enough to be seen alive first on a loaded machine.
+    await gone.beat("gone", lease_s=1.5, acked_epoch=0, inflight=7)
+    await gone.close()  # never beats again
     assert (await a.state())["inflight"] == 7
-    await eventually(lambda: _inflight(a, 0))
+    await eventually(lambda: _inflight(a, 0), within=5.0)
     body = await a.request_pause(5, None)
     assert body["paused"] is True
     assert [r["replica_id"] for r in body["replicas"]] == ["a"]
