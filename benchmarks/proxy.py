@@ -27,7 +27,11 @@ min / median / max over `--runs`.
 
 `--db` picks the ledger: `sqlite` (default, a fresh file per run), `postgres` (a private PostgreSQL 15
 started here, fsync and synchronous commits on, a fresh database per run; keraunos/testing/postgres.py)
-or a `postgresql://` URL used as it is.
+or a `postgresql://` URL used as it is. `--replicas N` (PostgreSQL only) starts N gateways on the same
+database, each on `--server-cpus`, and spreads the agents over them (agent i calls replica i mod N):
+
+    python benchmarks/proxy.py --db postgres --replicas 1 --server-cpus 0,1 --mode plain
+    python benchmarks/proxy.py --db postgres --replicas 2 --server-cpus 0,1 --mode plain
 """
 
 from __future__ import annotations
@@ -195,9 +199,13 @@ async def measure(
 
 
 async def load_all(
-    engine: Server, gateway: Server, args: argparse.Namespace
+    engine: Server, gateways: list[Server], args: argparse.Namespace
 ) -> dict[tuple[str, int], LoadResult]:
-    """Register the engine, create the rollouts, then run every load at every concurrency."""
+    """Register the engine, create the rollouts, then run every load at every concurrency.
+
+    Registration and rollouts go through the first gateway (replicas share the ledger); agent i
+    calls gateway i mod len(gateways)."""
+    gateway = gateways[0]
     headers = {"Authorization": f"Bearer {KEY}"}
     rollouts = [f"bench-{i}" for i in range(max(args.concurrency))]
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -216,8 +224,9 @@ async def load_all(
         plain, streamed = chat_body(args, stream=False), chat_body(args, stream=True)
         for concurrency in args.concurrency:
             proxy_urls = [
-                f"{gateway.base_url}/proxy/rollout/{r}/attempt/0/mode/train/openai/v1/chat/completions"
-                for r in rollouts[:concurrency]
+                f"{gateways[i % len(gateways)].base_url}/proxy/rollout/{r}/attempt/0/mode/train/openai/v1"
+                "/chat/completions"
+                for i, r in enumerate(rollouts[:concurrency])
             ]
             direct_urls = [f"{engine.base_url}/v1/chat/completions"] * concurrency
             for load in MODES[args.mode]:
@@ -259,11 +268,15 @@ def run_once(args: argparse.Namespace, pg: Any) -> dict[tuple[str, int], LoadRes
                 "--log-level",
                 "warning",
             ]
-            gateway = Server("gateway", args.server_cpus, gateway_args, "/healthz", workdir / "gateway.log")
+            gateways: list[Server] = []
             try:
-                return asyncio.run(load_all(engine, gateway, args))
+                for replica in range(args.replicas):
+                    log = workdir / f"gateway-{replica}.log"
+                    gateways.append(Server("gateway", args.server_cpus, gateway_args, "/healthz", log))
+                return asyncio.run(load_all(engine, gateways, args))
             finally:
-                gateway.stop()
+                for gateway in gateways:
+                    gateway.stop()
         finally:
             engine.stop()
 
@@ -295,7 +308,8 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
         f"proxy benchmark: prompt {args.prompt_words} words, max_tokens {args.max_tokens} (ignore_eos), "
         f"logprobs, engine latency {args.engine_latency_ms} ms, ledger {ledger_name(args)}, "
         f"{args.duration} s per load after {args.warmup} s warm-up, {len(runs)} run(s); "
-        f"gateway on CPU {args.server_cpus}, engine + client on CPU {args.client_cpus}"
+        f"{args.replicas} gateway replica(s), each on CPU {args.server_cpus}, engine + client on CPU "
+        f"{args.client_cpus}"
     )
     print("cells: min / median / max over runs\n")
     rows = [["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]]
@@ -372,7 +386,13 @@ def main() -> None:
         default="sqlite",
         help="ledger: sqlite (default), postgres (a private PostgreSQL server) or a postgresql:// URL",
     )
-    parser.add_argument("--server-cpus", default="0", help="taskset CPU list of the gateway (default 0)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="gateway processes on one PostgreSQL database (default 1; more needs --db postgres or a URL)",
+    )
+    parser.add_argument("--server-cpus", default="0", help="taskset CPU list of each gateway (default 0)")
     default_client = "1" if (os.cpu_count() or 1) > 1 else "0"
     parser.add_argument(
         "--client-cpus",
@@ -382,6 +402,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.db not in ("sqlite", "postgres") and not args.db.startswith(("postgresql://", "postgres://")):
         parser.error("--db takes sqlite, postgres or a postgresql:// URL")
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
+    if args.replicas > 1 and args.db == "sqlite":
+        parser.error(
+            "--replicas above 1 needs a PostgreSQL ledger (--db postgres or a URL): one SQLite file takes one gateway"
+        )
     pg = None
     if args.db == "postgres":
         from keraunos.testing.postgres import start_postgres
