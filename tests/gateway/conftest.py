@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-#: Modules whose tests run on a gateway with a SQLite ledger and on one with a PostgreSQL ledger.
-#: Left out, to keep CI time: test_api_access (authentication; the ledger only answers its token
-#: checks, which tests/gateway/test_tokens.py covers on SQLite) and test_api_triplet_delta (its own
-#: gateway; the delta chains are covered by the ledger suite on both backends).
+#: Modules whose tests run on a gateway with a SQLite ledger and on one with a PostgreSQL ledger:
+#: every API specification module (PROTOCOL.md's /api routes, auth included, and the triplet read).
 ON_BOTH_BACKENDS = frozenset(
-    {"test_api_attempts", "test_api_events", "test_api_models", "test_api_rollouts", "test_api_terminal"}
+    {
+        "test_api_access",
+        "test_api_attempts",
+        "test_api_events",
+        "test_api_models",
+        "test_api_rollouts",
+        "test_api_terminal",
+        "test_api_triplet_delta",
+    }
 )
 
 

@@ -49,8 +49,13 @@ def decode(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def delta_gateway(session_gateway_factory: Any, engine: Engine) -> Gateway:
-    gateway = session_gateway_factory(args=FAST_PROXY_ARGS)
+def delta_gateway(
+    session_gateway_factory: Any, engine: Engine, gateway_backend: str, request: pytest.FixtureRequest
+) -> Gateway:
+    db = None
+    if gateway_backend == "postgres":
+        db = request.getfixturevalue("postgres").create_database("delta")
+    gateway = session_gateway_factory(db=db, args=FAST_PROXY_ARGS)
     gateway.register([engine])
     return gateway
 
