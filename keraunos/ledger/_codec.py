@@ -111,16 +111,16 @@ _PREFIX_HEADER = struct.Struct("<BIII")  # after the mode byte
 _MESSAGES_HEADER = struct.Struct("<IIII")
 # Below this many shared ids a delta saves next to nothing and would tie the blob to its predecessor.
 _MIN_SHARED_PREFIX = 16
-# zlib only pays on payloads of some size, and only when it saves a tenth. It costs some 20 ns a byte,
-# as much as the rest of a call's encoding for a call's DATA and new messages (1-3 KiB of JSON that it
-# shrinks by a third), and encoding runs once per proxied model call: so the JSON sections of a call
-# are compressed from 4 KiB on (a long system prompt or tool output), the request (a few hundred bytes,
-# mostly key names, where a completions request's prompt ids leave a null) from 128 bytes. Level 1
-# takes about as long as level 6 on such texts and saves less.
+# zlib only pays on payloads of some size, and only when it saves a tenth. Encoding runs once per
+# proxied model call, on the path of the agent's answer, so the JSON sections of a call are compressed
+# from 4 KiB on (a long system prompt or tool output), the request (a few hundred bytes, mostly key
+# names, where a completions request's prompt ids leave a null) from 128 bytes. Level 1: on 6 kB of
+# chat messages it took 11-15 ns a byte where level 6 took 16-60 (the more varied the text, the
+# slower level 6), for output 6-12 % larger (benchmarks/results/2026-11-30/proxy3.md).
 _COMPRESS_SMALL = 128
 _COMPRESS_LARGE = 4096
 _COMPRESS_MAX_RATIO = 0.9
-_COMPRESS_LEVEL = 6
+_COMPRESS_LEVEL = 1
 
 _CONTENT_KEYS = ("token", "logprob", "bytes", "top_logprobs")
 _TOP_KEYS = ("token", "logprob", "bytes")
