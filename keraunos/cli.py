@@ -103,6 +103,7 @@ async def _serve(config: GatewayConfig) -> int:
     import structlog
     import uvicorn
 
+    from keraunos.gateway._gc import GcSettings, tune_gc
     from keraunos.gateway.app import create_app
     from keraunos.gateway.replicas import coordination_for
 
@@ -132,6 +133,8 @@ async def _serve(config: GatewayConfig) -> int:
         log.info(
             "gateway starting", db=shown_db, durability=config.durability, host=config.host, port=config.port
         )
+        server.config.load()  # imports the protocol modules now, so that the freeze keeps them too
+        tune_gc(GcSettings(threshold0=config.gc_threshold, freeze=config.gc_freeze))
         await server.serve()
         return 0 if server.started else 1
     finally:

@@ -106,6 +106,17 @@ class GatewayConfig(LayeredSettings):
     proxy_max_connections: int = Field(
         default=1024, ge=1, description="Most open connections to model endpoints, all endpoints together."
     )
+    gc_threshold: int = Field(
+        default=10_000,
+        ge=0,
+        description="Allocations between passes of the garbage collector's young generation "
+        "(CPython's default is 700; 0 keeps it). Higher means fewer passes over calls in flight.",
+    )
+    gc_freeze: bool = Field(
+        default=True,
+        description="Once started, move every object alive into the collector's permanent "
+        "generation, so full collections no longer walk the imported libraries (docs/proxy.md).",
+    )
     endpoint_cooldown_s: float = Field(
         default=10.0,
         ge=0.0,
