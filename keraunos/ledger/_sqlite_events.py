@@ -30,7 +30,7 @@ EventRow = tuple[str, float, bytes]
 
 
 class ContextCache:
-    """LRU of the last `CallContext` per (rollout, attempt); owned by the writer thread."""
+    """LRU of the last `CallContext` per (rollout, attempt); used only inside write batches."""
 
     def __init__(self, size: int) -> None:
         self._size = max(0, size)

@@ -1,7 +1,8 @@
 """The SQLite ledger: one file in WAL mode, one writer thread with group commit, reader threads.
 
 Writes go through `GroupCommitWriter` (`_sqlite_writer.py`): concurrent requests share one
-transaction, and a call returns only after that transaction committed. Reads use their own
+transaction, and a call returns only after that transaction committed; with `normal` durability a
+write that finds the writer idle commits at once on the event loop, without a thread hand-off. Reads use their own
 read-only connections, which WAL never blocks behind the writer. A sidecar lock file keeps a second
 gateway off the same file (`_sqlite_lock.py`); the schema is migrated on open (`_sqlite_schema.py`).
 
@@ -151,7 +152,12 @@ class SqliteLedger(Ledger):
             self._read_threads, thread_name_prefix="ledger-reader", initializer=self._start_reader
         )
         self._writer = GroupCommitWriter(
-            conn, path=self.path, max_batch=self._max_batch, on_abort=self._contexts.clear
+            conn,
+            path=self.path,
+            max_batch=self._max_batch,
+            on_abort=self._contexts.clear,
+            # A COMMIT that waits for the disk (full) must not stall the event loop.
+            inline=self.durability == "normal",
         )
         self._writer.start()
 
@@ -432,7 +438,7 @@ class SqliteLedger(Ledger):
         contexts = self._contexts
 
         def op(conn: sqlite3.Connection) -> None:
-            # Encoded here, in the writer thread, so contexts chain in commit order. One INSERT is
+            # Encoded here, inside the write batch, so contexts chain in commit order. One INSERT is
             # all it writes (no savepoint needed), and the cache moves only once it succeeded.
             if event_type == MODEL_REQUEST:
                 blob, ctx = encode_model_request(data, contexts.get(rollout_id, attempt_id))
@@ -508,7 +514,7 @@ class SqliteLedger(Ledger):
         return await self._write(op, savepoint=False)
 
 
-# -- operations (run in the writer thread, inside the batch's transaction) -------------------------
+# -- operations (run inside a write batch's transaction) -------------------------------------------
 
 
 #: `metadata.data_id` of a rollouts row, read by SQLite's JSON functions (metadata is JSON text

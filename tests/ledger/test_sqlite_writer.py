@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -250,3 +251,95 @@ def test_context_cache_is_a_bounded_lru_per_attempt() -> None:
     disabled = ContextCache(0)
     disabled.put("r", "1", a)
     assert disabled.get("r", "1") is None
+
+
+# -- inline commits: a write that finds the writer idle commits on the event loop -------------------
+
+
+def thread_name(conn: sqlite3.Connection) -> str:
+    conn.execute("INSERT INTO counters (name, value) VALUES ('probe', 1) ON CONFLICT DO NOTHING")
+    return threading.current_thread().name
+
+
+async def test_with_normal_durability_an_idle_writer_lets_the_loop_commit_at_once(tmp_path: Path) -> None:
+    async with SqliteLedger(tmp_path / "ledger.db") as ledger:
+        writer = writer_of(ledger)
+        before = writer.batches_committed
+        future = writer.submit(thread_name)
+        # Committed before submit returned, on this thread: no hand-off.
+        assert writer.batches_committed == before + 1
+        # The caller resumes at the loop's next turn, like after any I/O (other tasks get to run).
+        assert not future.done()
+        await asyncio.sleep(0)
+        assert future.done() and future.result() == threading.current_thread().name
+
+
+async def test_a_task_that_writes_in_a_loop_lets_the_others_run(ledger: SqliteLedger) -> None:
+    turns: list[str] = []
+
+    async def writer_task(name: str) -> None:
+        for i in range(5):
+            await ledger.append_event("r", name, "tick", {"i": i}, 1.0)
+            turns.append(name)
+
+    await asyncio.gather(writer_task("a"), writer_task("b"))
+    assert turns[:4] in (["a", "b", "a", "b"], ["b", "a", "b", "a"])
+
+
+async def test_with_full_durability_every_commit_is_the_writer_threads(tmp_path: Path) -> None:
+    # A COMMIT that fsyncs must not stall the event loop.
+    async with SqliteLedger(tmp_path / "ledger.db", durability="full") as ledger:
+        future = writer_of(ledger).submit(thread_name)
+        assert not future.done()
+        assert (await future).startswith("ledger-writer")
+
+
+async def test_a_write_never_overtakes_queued_ones_by_committing_inline(ledger: SqliteLedger) -> None:
+    writer = writer_of(ledger)
+    order: list[str] = []
+
+    def write(label: str) -> Any:
+        def op(conn: sqlite3.Connection) -> str:
+            order.append(label)
+            return threading.current_thread().name
+
+        return writer.submit(op)
+
+    for round_ in range(20):
+        with writer.hold():
+            queued = [write(f"{round_}:queued:{i}") for i in range(3)]
+        # The held writes are queued (or being committed by the thread): this one must wait its turn.
+        last = write(f"{round_}:after")
+        names = await asyncio.gather(*queued, last)
+        assert all(name.startswith("ledger-writer") for name in names[:3])
+    assert order == [
+        f"{r}:{label}" for r in range(20) for label in ("queued:0", "queued:1", "queued:2", "after")
+    ]
+
+
+async def test_an_inline_write_that_fails_is_undone_alone_and_the_next_one_commits(
+    ledger: SqliteLedger,
+) -> None:
+    with pytest.raises(RolloutNotFound):
+        await ledger.append_event("missing", "0", "reward", {"value": 1}, 1.0)
+    with pytest.raises(InvalidTransition):
+        await ledger.patch_rollout("r", RolloutStatusPatch(state=RolloutState.SUCCEEDED), 1.0)
+    await ledger.append_event("r", "0", "reward", {"value": 2}, 2.0)
+    assert [e["data"] for e in await ledger.list_events("r", "0")] == [{"value": 2}]
+
+
+async def test_an_inline_commit_that_fails_stores_nothing_and_forgets_call_contexts(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+    add_commit_trap(path)
+    calls = growing_prefix_rollout(3, seed=12)
+
+    async with SqliteLedger(path) as ledger:
+        await ledger.append_event("r", "0", "model_request", calls[0], 1.0)
+        with pytest.raises(LedgerUnavailable, match="nothing was stored"):
+            await ledger.append_event("r", "0", "poison", {}, 2.0)
+        for k in (1, 2):
+            await ledger.append_event("r", "0", "model_request", calls[k], float(k))
+        stored = [e["data"] for e in await ledger.list_events("r", "0")]
+        assert json.dumps(stored) == json.dumps(calls)
