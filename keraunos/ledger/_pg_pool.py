@@ -47,7 +47,10 @@ def unavailable(exc: BaseException, where: str) -> LedgerUnavailable | None:
         sqlstate = getattr(exc, "sqlstate", None) or ""
         if not sqlstate.startswith(_UNAVAILABLE_CLASSES):
             return None
-    elif not isinstance(exc, (OSError, TimeoutError, asyncpg.InterfaceError)):
+    # InternalClientError: a pooled connection whose server died while it sat idle can fail its
+    # next statement with a protocol-state error ("cannot switch to state ...") instead of a
+    # connection error (asyncpg 0.32); it is the same loss.
+    elif not isinstance(exc, (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError)):
         return None
     return LedgerUnavailable(f"ledger {where}: PostgreSQL is unavailable: {_describe(exc)}")
 
