@@ -11,7 +11,13 @@ with a special token (the end-of-turn token the model sampled) and the template 
 token right after the content, the template's copy is dropped, so the prompt continues exactly
 with `previous prompt + previous response ids`.
 
-If two replies had the same text, the most recent one's ids are used (both decode to the text).
+Replies are remembered per session: the gateway names the conversation a call belongs to in an
+`X-Keraunos-Session` header (rollout and attempt), and a reply is looked up only in its own
+session. Without it, a trained model that converges gives the same text in many rollouts, sampled
+as different token sequences ("12" as `1`,`2` here and as `12` there), and a conversation would get
+another conversation's ids for its own reply: a merge break. Requests without the header (an agent
+calling the server directly) share one session; there, if two replies had the same text, the most
+recent one's ids are used (both decode to the text).
 """
 
 from __future__ import annotations
@@ -31,27 +37,34 @@ class PromptError(ValueError):
     """The request's messages or prompt cannot be turned into token ids; the message says why (400)."""
 
 
+#: The request header naming the conversation (session) a chat call belongs to.
+SESSION_HEADER = "x-keraunos-session"
+
+
 class TokenCache:
-    """Bounded LRU map from generated text to the token ids sampled for it."""
+    """Bounded LRU map from (session, generated text) to the token ids sampled for it."""
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
 
-    def remember(self, text: str, ids: Sequence[int]) -> None:
-        """Keep `ids` as the token ids of `text` (empty texts are not kept: they carry no ids)."""
+    def remember(self, text: str, ids: Sequence[int], session: str = "") -> None:
+        """Keep `ids` as the token ids of `text` in `session` (empty texts are not kept: they carry
+        no ids)."""
         if not text or not ids or self.max_entries <= 0:
             return
-        self._entries[text] = tuple(ids)
-        self._entries.move_to_end(text)
+        key = (session, text)
+        self._entries[key] = tuple(ids)
+        self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
-    def get(self, text: str) -> tuple[int, ...] | None:
-        """The remembered ids of `text`, or None."""
-        ids = self._entries.get(text)
+    def get(self, text: str, session: str = "") -> tuple[int, ...] | None:
+        """The remembered ids of `text` in `session`, or None."""
+        key = (session, text)
+        ids = self._entries.get(key)
         if ids is not None:
-            self._entries.move_to_end(text)
+            self._entries.move_to_end(key)
         return ids
 
     def __len__(self) -> int:
@@ -59,9 +72,14 @@ class TokenCache:
 
 
 def chat_prompt_ids(
-    tokenizer: Any, messages: Any, cache: TokenCache, template_kwargs: dict[str, Any] | None = None
+    tokenizer: Any,
+    messages: Any,
+    cache: TokenCache,
+    template_kwargs: dict[str, Any] | None = None,
+    session: str = "",
 ) -> list[int]:
-    """Prompt ids of a chat with the generation prompt, replies the server generated kept as sampled."""
+    """Prompt ids of a chat with the generation prompt, replies the server generated (in `session`)
+    kept as sampled."""
     if not isinstance(messages, list) or not messages:
         raise PromptError("'messages' must be a non-empty list of message objects")
     spliced: dict[str, tuple[int, ...]] = {}
@@ -71,7 +89,7 @@ def chat_prompt_ids(
             raise PromptError(f"messages[{position}] must be an object with a string 'role'")
         content = message.get("content")
         if message["role"] == "assistant" and isinstance(content, str):
-            ids = cache.get(content)
+            ids = cache.get(content, session)
             if ids is not None:
                 marker = f"\ue000{position}\ue001"
                 spliced[marker] = ids

@@ -40,6 +40,7 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    session: str = ""  # the conversation, from the gateway's X-Keraunos-Session header
 
 
 def parse_generation(body: Any, *, chat: bool, model_name: str) -> Generation:

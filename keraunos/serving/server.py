@@ -26,7 +26,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from keraunos.serving.config import ServeConfig
-from keraunos.serving.prompts import PromptError, TokenCache, chat_prompt_ids, completion_prompt_ids
+from keraunos.serving.prompts import (
+    SESSION_HEADER,
+    PromptError,
+    TokenCache,
+    chat_prompt_ids,
+    completion_prompt_ids,
+)
 from keraunos.serving.requests import Generation, RequestError, parse_generation, set_max_tokens
 from keraunos.serving.responses import ChoiceResult, StreamChunks, chat_response, completion_response
 from keraunos.serving.runner import ModelRunner, SequenceRequest, TokenEvent, WeightsError
@@ -150,7 +156,7 @@ class ModelServer:
         except orjson.JSONDecodeError as exc:
             return _error(400, f"Invalid JSON body: {exc}")
         try:
-            gen = self._prepare(body, chat=chat)
+            gen = self._prepare(body, chat=chat, session=request.headers.get(SESSION_HEADER, ""))
         except RequestError as exc:
             return _error(exc.status, exc.message)
         job = self.scheduler.submit(lambda emitter_of: self._sequences(gen, emitter_of))
@@ -164,8 +170,9 @@ class ModelServer:
         build = chat_response if chat else completion_response
         return _json(build(gen, choices, self.runner.token_text))
 
-    def _prepare(self, body: Any, *, chat: bool) -> Generation:
+    def _prepare(self, body: Any, *, chat: bool, session: str = "") -> Generation:
         gen = parse_generation(body, chat=chat, model_name=self.model_name)
+        gen.session = session
         tokenizer = self.runner.tokenizer
         try:
             if chat:
@@ -178,7 +185,7 @@ class ModelServer:
                     raise RequestError(400, "chat_template_kwargs must be an object")
                 if body.get("tools"):
                     kwargs = {**kwargs, "tools": body["tools"]}
-                gen.prompts = [chat_prompt_ids(tokenizer, body.get("messages"), self.cache, kwargs)]
+                gen.prompts = [chat_prompt_ids(tokenizer, body.get("messages"), self.cache, kwargs, session)]
             else:
                 if "prompt" not in body:
                     raise RequestError(400, "Field required: 'prompt'")
@@ -255,7 +262,7 @@ class ModelServer:
     def _remember(self, gen: Generation, choices: list[ChoiceResult]) -> None:
         if gen.chat:
             for choice in choices:
-                self.cache.remember(choice.text, choice.token_ids)
+                self.cache.remember(choice.text, choice.token_ids, gen.session)
 
     async def _models(self, request: Request) -> Response:
         refused = self._unauthorized(request)

@@ -51,6 +51,28 @@ def test_a_remembered_reply_is_spliced_in_as_sampled_where_retokenising_would_me
     assert chat_prompt_ids(tokenizer, then, TokenCache(8)) != ids  # without the cache: re-tokenised
 
 
+def test_the_same_reply_text_sampled_differently_in_two_conversations_keeps_each_ones_ids(
+    tokenizer: Any,
+) -> None:
+    # A converged policy writes the same reply in many rollouts of a group, sampled as different
+    # token sequences: each conversation's next prompt must continue with its own ids.
+    reply = "The answer is 12."
+    as_chars = [*char_ids(tokenizer, reply), tokenizer.eos_token_id]
+    as_bpe = [*encode(tokenizer, reply), tokenizer.eos_token_id]
+    assert as_chars != as_bpe
+    cache = TokenCache(8)
+    cache.remember(reply, as_chars, "r1/1")
+    cache.remember(reply, as_bpe, "r2/1")  # the most recent, but another conversation's
+    question = [{"role": "user", "content": "What is 3 * 4?"}]
+    then = [*question, {"role": "assistant", "content": reply}, {"role": "user", "content": "Sure?"}]
+    for session, sampled in (("r1/1", as_chars), ("r2/1", as_bpe)):
+        first_ids = chat_prompt_ids(tokenizer, question, cache, session=session)
+        ids = chat_prompt_ids(tokenizer, then, cache, session=session)
+        assert ids[: len(first_ids) + len(sampled)] == first_ids + sampled
+    # A conversation that never saw the reply gets it re-tokenised, not another one's ids.
+    assert cache.get(reply, "r3/1") is None and cache.get(reply) is None
+
+
 def test_a_reply_cut_before_its_end_token_gets_the_templates_end_token(tokenizer: Any) -> None:
     reply = "The ans"
     sampled = char_ids(tokenizer, reply)

@@ -236,6 +236,7 @@ async def _forward(
                 cooldowns=state.cooldowns,
                 stream=streamed,
                 progress=progress,
+                conversation=f"{rollout_id}/{attempt_id}",
             )
     except asyncio.CancelledError:
         if not watch.disconnected:

@@ -119,6 +119,7 @@ async def call_upstream(
     cooldowns: Cooldowns,
     stream: bool = False,
     progress: Progress | None = None,
+    conversation: str | None = None,
     jitter: Callable[[], float] = lambda: random.uniform(0.75, 1.25),
     clock: Callable[[], float] = time.monotonic,
 ) -> Answer | Failure | Opened:
@@ -127,13 +128,17 @@ async def call_upstream(
     `latency_ms` of the answer covers every attempt and the waits between them: what the agent
     waited for the model. `endpoints` must not be empty. With `stream`, a 200 event stream comes
     back as `Opened` (any other answer is read whole, as without `stream`). `progress`, when given,
-    is kept up to date with the attempt number and endpoint.
+    is kept up to date with the attempt number and endpoint. `conversation`, when given, goes upstream in
+    an `X-Keraunos-Session` header (keraunos's model server keeps each conversation's token ids
+    apart by it; other servers ignore it).
     """
     by_url = {model.endpoint: model for model in endpoints}
     urls = list(by_url)
     start = clock()
     outcome: Answer | Failure | None = None
     headers = _SSE_HEADERS if stream else _JSON_HEADERS
+    if conversation is not None:
+        headers = {**headers, SESSION_HEADER: conversation}
     for attempt in range(1, policy.max_attempts + 1):
         url = choose(rollout_id, urls, cooldowns, clock())
         assert url is not None, "call_upstream needs at least one endpoint"
@@ -181,6 +186,8 @@ async def call_upstream(
     return outcome
 
 
+#: Names the conversation of a call for the model server (keraunos.serving.prompts reads it).
+SESSION_HEADER = "x-keraunos-session"
 _JSON_HEADERS = {"content-type": "application/json", "accept": "application/json"}
 _SSE_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 

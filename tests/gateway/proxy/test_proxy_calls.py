@@ -93,6 +93,16 @@ def test_chat_call_is_returned_as_is_and_captured_with_ids_and_logprobs(
     assert triplet["data"]["response_log_probs"] == [c["logprob"] for c in choice["logprobs"]["content"]]
 
 
+def test_each_call_names_its_conversation_to_the_model_server(
+    proxy_gateway: Any, engine: Engine, rollout: str
+) -> None:
+    # keraunos's model server keeps each conversation's sampled token ids apart by this header.
+    for attempt_id in ("0", "1"):
+        assert post(proxy_gateway, rollout, CHAT, attempt_id=attempt_id).status_code == 200
+        headers = engine.stats()["last_request"]["headers"]
+        assert headers["x-keraunos-session"] == f"{rollout}/{attempt_id}"
+
+
 def test_completions_call_is_captured_too(proxy_gateway: Any, engine: Engine, rollout: str) -> None:
     response = post(
         proxy_gateway, rollout, {"prompt": "Once upon a time", "max_tokens": 6}, path="completions"
