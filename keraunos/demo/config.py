@@ -45,7 +45,7 @@ class DemoConfig(LayeredSettings):
         description="Cache root for the prepared model (empty: $KERAUNOS_CACHE_DIR, else "
         "~/.cache/keraunos); the model is kept in <root>/demo/<hash of the recipe>.",
     )
-    steps: int = Field(default=20, ge=1, description="RL steps (one weight update each).")
+    steps: int = Field(default=30, ge=1, description="RL steps (one weight update each).")
     group_size: int = Field(default=4, ge=2, description="Rollouts per question (the GRPO group).")
     batch_size: int = Field(default=8, ge=1, description="Questions per step.")
     lr: float = Field(default=5e-4, gt=0, description="RL learning rate (AdamW).")
