@@ -8,13 +8,14 @@ returned: what a caller sees acknowledged is on disk (as durable as the connecti
 setting makes it). When BEGIN or COMMIT fails, nothing of the batch was stored, and every operation
 in it fails with `LedgerUnavailable`; the next batch starts afresh.
 
-With `inline`, an operation submitted while nothing is queued and no batch is running is run at
-once, as a batch of one, by the submitting thread (the event loop's; the caller still resumes only
-at the loop's next turn): at low load a write then costs no thread hand-off, which on a small machine was a third of a lightly loaded proxied call's ledger
-time (two wake-ups and GIL hand-overs, ~0.3 ms). Operations hold the GIL for nearly all of their run
-anyway, so the loop loses no concurrency it had, except while SQLite waits for the disk: hence only
-for connections whose COMMIT does not wait for an fsync (`synchronous=NORMAL` in WAL mode). As soon
-as writes queue up, they are batched by the thread as before, in order.
+With `inline`, an operation submitted while every earlier one has been committed (none queued,
+none in a batch) is run at once, as a batch of one, by the submitting thread (the event loop's; the
+caller still resumes only at the loop's next turn). At low load a write then costs no thread
+hand-off, which on a small machine was a third of a proxied call's ledger time (two wake-ups and GIL
+hand-overs, ~0.3 ms). Operations hold the GIL for nearly all of their run anyway, so the loop loses
+no concurrency it had, except while SQLite waits for the disk: hence only for connections whose
+COMMIT does not wait for an fsync (`synchronous=NORMAL` in WAL mode). As soon as writes queue up,
+they are batched by the thread as before; either way they commit in the order they were submitted.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class GroupCommitWriter:
         self._path = path
         self._max_batch = max(1, max_batch)
         self._on_abort = on_abort
-        self._queue: queue.SimpleQueue[tuple[Any, asyncio.Future[Any], bool]] = queue.SimpleQueue()
+        # A Queue, not a SimpleQueue: its count of unfinished items (queued or in a batch not yet
+        # committed) tells a submitter whether it may commit inline without overtaking anyone.
+        self._queue: queue.Queue[tuple[Any, asyncio.Future[Any], bool]] = queue.Queue()
         self._open_gate = threading.Event()
         self._open_gate.set()
         self._thread = threading.Thread(target=self._run, name=f"ledger-writer:{path}", daemon=True)
@@ -105,9 +108,9 @@ class GroupCommitWriter:
         return fut
 
     def _idle(self) -> bool:
-        """Nothing queued and no `hold()`: an inline batch overtakes nobody (the lock then says
-        whether the thread is in the middle of a batch)."""
-        return self._open_gate.is_set() and self._queue.empty()
+        """Every operation submitted so far is committed and no `hold()` is on: an inline batch
+        overtakes nobody."""
+        return self._open_gate.is_set() and self._queue.unfinished_tasks == 0
 
     async def stop(self) -> None:
         """Commit what is queued, then end the thread and close the write connection."""
@@ -153,6 +156,8 @@ class GroupCommitWriter:
                 with self._batch_lock:
                     outcomes = self._run_batch(ops)
                 self._resolve(outcomes)
+            for _ in batch:
+                self._queue.task_done()
         # `stop()` set the closed flag before queueing _STOP, so nothing can follow it.
         try:
             self._conn.close()
