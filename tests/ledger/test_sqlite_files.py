@@ -156,7 +156,12 @@ async def test_every_acknowledged_write_survives_kill_9(tmp_path: Path, durabili
             if len(acknowledged) == 1500:
                 child.send_signal(signal.SIGKILL)  # in the middle of writing
                 break
-        rest, err = child.communicate(timeout=60)
+        # The rest through the same buffered reader: `communicate()` reads the pipe underneath it,
+        # and the lines the loop above had already read ahead would be lost.
+        rest = child.stdout.read()
+        assert child.stderr is not None
+        err = child.stderr.read()
+        child.wait(timeout=60)
     finally:
         child.kill()
     acknowledged += [line.split() for line in rest.splitlines()]
