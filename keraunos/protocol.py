@@ -23,6 +23,10 @@ Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 #: Attempt id used by v1.0 clients that never set `last_attempt_id`.
 DEFAULT_ATTEMPT_ID = "0"
 
+#: Header of a proxied call sent upstream, naming its conversation ("ROLLOUT/ATTEMPT"); keraunos's
+#: model server keeps each conversation's sampled token ids apart by it (a keraunos extension).
+SESSION_HEADER = "x-keraunos-session"
+
 
 def is_valid_id(value: str) -> bool:
     """Whether `value` is an acceptable rollout or attempt id."""

@@ -37,10 +37,6 @@ class PromptError(ValueError):
     """The request's messages or prompt cannot be turned into token ids; the message says why (400)."""
 
 
-#: The request header naming the conversation (session) a chat call belongs to.
-SESSION_HEADER = "x-keraunos-session"
-
-
 class TokenCache:
     """Bounded LRU map from (session, generated text) to the token ids sampled for it."""
 

@@ -25,14 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from keraunos.protocol import SESSION_HEADER
 from keraunos.serving.config import ServeConfig
-from keraunos.serving.prompts import (
-    SESSION_HEADER,
-    PromptError,
-    TokenCache,
-    chat_prompt_ids,
-    completion_prompt_ids,
-)
+from keraunos.serving.prompts import PromptError, TokenCache, chat_prompt_ids, completion_prompt_ids
 from keraunos.serving.requests import Generation, RequestError, parse_generation, set_max_tokens
 from keraunos.serving.responses import ChoiceResult, StreamChunks, chat_response, completion_response
 from keraunos.serving.runner import ModelRunner, SequenceRequest, TokenEvent, WeightsError

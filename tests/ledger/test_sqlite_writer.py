@@ -53,6 +53,16 @@ async def in_one_batch(ledger: SqliteLedger, *writes: Awaitable[Any]) -> list[An
     return outcomes
 
 
+async def trapped_ledger(tmp_path: Path) -> Path:
+    """A ledger file holding rollout `r`, whose COMMIT fails for any transaction that appends a
+    `poison` event (`add_commit_trap`)."""
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+    add_commit_trap(path)
+    return path
+
+
 def add_commit_trap(path: Path) -> None:
     """Make COMMIT fail for any transaction that appends a `poison` event.
 
@@ -120,10 +130,7 @@ async def test_a_failing_write_is_undone_alone(ledger: SqliteLedger) -> None:
 
 
 async def test_a_failed_commit_fails_the_whole_batch_and_the_ledger_goes_on(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
-    async with SqliteLedger(path) as ledger:
-        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
-    add_commit_trap(path)
+    path = await trapped_ledger(tmp_path)
 
     async with SqliteLedger(path) as ledger:
         outcomes = await in_one_batch(
@@ -148,10 +155,7 @@ async def test_a_failed_commit_fails_the_whole_batch_and_the_ledger_goes_on(tmp_
 async def test_a_failed_commit_does_not_leave_call_contexts_behind(tmp_path: Path) -> None:
     # A context cached for a call that was never stored would make the next call a delta against
     # nothing; the writer must forget contexts when a batch is lost.
-    path = tmp_path / "ledger.db"
-    async with SqliteLedger(path) as ledger:
-        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
-    add_commit_trap(path)
+    path = await trapped_ledger(tmp_path)
     calls = growing_prefix_rollout(4, seed=11)
 
     async with SqliteLedger(path) as ledger:
@@ -329,10 +333,7 @@ async def test_an_inline_write_that_fails_is_undone_alone_and_the_next_one_commi
 
 
 async def test_an_inline_commit_that_fails_stores_nothing_and_forgets_call_contexts(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.db"
-    async with SqliteLedger(path) as ledger:
-        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
-    add_commit_trap(path)
+    path = await trapped_ledger(tmp_path)
     calls = growing_prefix_rollout(3, seed=12)
 
     async with SqliteLedger(path) as ledger:

@@ -24,7 +24,7 @@ import aiohttp
 import structlog
 
 from keraunos.gateway.proxy.routing import Cooldowns, choose
-from keraunos.protocol import Model
+from keraunos.protocol import SESSION_HEADER, Model
 
 log = structlog.get_logger("keraunos.gateway.proxy")
 
@@ -186,8 +186,6 @@ async def call_upstream(
     return outcome
 
 
-#: Names the conversation of a call for the model server (keraunos.serving.prompts reads it).
-SESSION_HEADER = "x-keraunos-session"
 _JSON_HEADERS = {"content-type": "application/json", "accept": "application/json"}
 _SSE_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 
