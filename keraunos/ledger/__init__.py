@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from keraunos.ledger._pg_pool import PoolSettings
+from keraunos.ledger._wire import WireCall
 from keraunos.ledger.base import EventDict, Ledger
 from keraunos.ledger.errors import (
     InvalidTransition,
@@ -63,5 +64,6 @@ __all__ = [
     "PostgresLedger",
     "RolloutNotFound",
     "SqliteLedger",
+    "WireCall",
     "open_ledger",
 ]

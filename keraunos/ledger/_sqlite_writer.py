@@ -84,20 +84,29 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> asyncio.Future[T]:
+    def submit(
+        self,
+        op: Callable[[sqlite3.Connection], T],
+        *,
+        savepoint: bool = True,
+        inline_op: Callable[[sqlite3.Connection], T] | None = None,
+        background: bool = False,
+    ) -> asyncio.Future[T]:
         """Queue `op` for the next batch; the returned future resolves after its COMMIT.
 
         `savepoint=False` is for an operation that writes with one statement at most: SQLite undoes
         a failed statement by itself, so the SAVEPOINT around it (~4 us) would buy nothing.
+        `inline_op` runs instead of `op` when the write commits inline (on the caller's thread, so
+        it should be cheap); `background` work never commits inline.
         """
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         if self._closed:
             fut.set_exception(LedgerUnavailable(f"ledger {self._path} is closed"))
             return fut
         self.submitted += 1
-        if self._inline and self._idle() and self._batch_lock.acquire(blocking=False):
+        if self._inline and not background and self._idle() and self._batch_lock.acquire(blocking=False):
             try:
-                outcomes = self._run_batch([(op, fut, savepoint)])
+                outcomes = self._run_batch([(inline_op or op, fut, savepoint)])
             finally:
                 self._batch_lock.release()
             # Committed; the caller resumes at the loop's next turn, as after any I/O, so a

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keraunos.ledger._triplet import MODEL_REQUEST
+from keraunos.ledger._wire import WireCall
 from keraunos.protocol import (
     AttemptDetail,
     AttemptOutcome,
@@ -198,6 +200,17 @@ class Ledger(abc.ABC):
         self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], now: float
     ) -> EventDict:
         """Append an event to (rollout, attempt) and return it. Raises `RolloutNotFound`."""
+
+    async def append_model_call(
+        self, rollout_id: str, attempt_id: str, data: dict[str, Any], wire: WireCall, now: float
+    ) -> None:
+        """Append a `model_request` event whose `request` and `response` were read from `wire`'s
+        JSON texts. Raises `RolloutNotFound`.
+
+        Same as `append_event`, except that a backend may store the texts first and the compact form
+        later (the SQLite ledger does, off the caller's path); readers see the same data either way.
+        """
+        await self.append_event(rollout_id, attempt_id, MODEL_REQUEST, data, now)
 
     @abc.abstractmethod
     async def list_events(

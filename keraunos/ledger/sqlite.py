@@ -9,6 +9,11 @@ gateway off the same file (`_sqlite_lock.py`); the schema is migrated on open (`
 Durability: `normal` is WAL with `synchronous=NORMAL` -- a committed write survives `kill -9` of the
 process (the WAL is in the OS page cache), not a power loss. `full` is `synchronous=FULL`: the WAL is
 fsynced on every commit, so it also survives power loss, at the cost of one fsync per batch.
+
+A proxied model call (`append_model_call`) that commits inline is stored in wire form, the JSON the
+proxy already holds, and rewritten into the compact columnar form afterwards by the writer thread,
+in batches (`_sqlite_compaction.py`): encoding is the costliest part of recording a call, and this
+takes it off the agent's path whenever the gateway has time to spare.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from keraunos.ledger._rows import (
     transition_sources,
 )
 from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
+from keraunos.ledger._sqlite_compaction import Compactor, WireRow
 from keraunos.ledger._sqlite_events import (
     MODEL_REQUEST,
     ContextCache,
@@ -45,6 +51,7 @@ from keraunos.ledger._sqlite_events import (
 from keraunos.ledger._sqlite_lock import FileLock
 from keraunos.ledger._sqlite_schema import migrate
 from keraunos.ledger._sqlite_writer import GroupCommitWriter
+from keraunos.ledger._wire import WireCall, encode_wire
 from keraunos.ledger.base import AttemptLog, Claim, EventDict, Ledger
 from keraunos.ledger.errors import (
     AttemptConflict,
@@ -102,7 +109,9 @@ class SqliteLedger(Ledger):
     `durability` picks what an acknowledged write survives (see the module docstring); `max_batch`
     caps how many writes share one transaction; `context_cache_size` is how many attempts the writer
     remembers the last model call of, to store the next call as a delta; `read_threads` is the size
-    of the pool that runs heavy reads off the event loop.
+    of the pool that runs heavy reads off the event loop; model calls stored in wire form are
+    compacted once `compact_batch` of them wait, or `compact_delay_s` after the first, at most
+    `compact_chunk` per transaction.
     """
 
     def __init__(
@@ -113,6 +122,9 @@ class SqliteLedger(Ledger):
         max_batch: int = 512,
         context_cache_size: int = 4096,
         read_threads: int = 2,
+        compact_batch: int = 32,
+        compact_chunk: int = 4,
+        compact_delay_s: float = 0.1,
     ) -> None:
         if durability not in ("normal", "full"):
             raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
@@ -121,6 +133,10 @@ class SqliteLedger(Ledger):
         self._max_batch = max_batch
         self._read_threads = max(1, read_threads)
         self._contexts = ContextCache(context_cache_size)
+        self._compact_batch = compact_batch
+        self._compact_chunk = compact_chunk
+        self._compact_delay_s = compact_delay_s
+        self._compactor: Compactor | None = None
         self._lock = FileLock(self.path)
         self._writer: GroupCommitWriter | None = None
         self._inline: sqlite3.Connection | None = None
@@ -160,8 +176,19 @@ class SqliteLedger(Ledger):
             inline=self.durability == "normal",
         )
         self._writer.start()
+        writer = self._writer
+        self._compactor = Compactor(
+            lambda op: writer.submit(op, background=True),
+            self._contexts,
+            batch=self._compact_batch,
+            chunk=self._compact_chunk,
+            delay_s=self._compact_delay_s,
+        )
 
     async def close(self) -> None:
+        compactor, self._compactor = self._compactor, None
+        if compactor is not None:
+            await compactor.drain()  # while the writer still runs
         writer, self._writer = self._writer, None
         if writer is None:
             return
@@ -211,10 +238,16 @@ class SqliteLedger(Ledger):
         with self._reader_conns_lock:
             self._reader_conns.append(conn)
 
-    def _write(self, op: Callable[[sqlite3.Connection], T], *, savepoint: bool = True) -> asyncio.Future[T]:
+    def _write(
+        self,
+        op: Callable[[sqlite3.Connection], T],
+        *,
+        savepoint: bool = True,
+        inline_op: Callable[[sqlite3.Connection], T] | None = None,
+    ) -> asyncio.Future[T]:
         if self._writer is None:
             raise LedgerUnavailable(f"ledger {self.path} is not open")
-        return self._writer.submit(op, savepoint=savepoint)
+        return self._writer.submit(op, savepoint=savepoint, inline_op=inline_op)
 
     # Which reads run where, by measurement (benchmarks/ledger.py, one core): a point read such as
     # get_rollout costs ~25 us of CPU on the event loop's own connection, but ~150 us when handed to
@@ -448,7 +481,7 @@ class SqliteLedger(Ledger):
             if cursor.rowcount == 0:
                 raise RolloutNotFound(rollout_id)
             if ctx is not None:
-                contexts.put(rollout_id, attempt_id, ctx)
+                contexts.put(rollout_id, attempt_id, _row_id(cursor), ctx)
 
         await self._write(op, savepoint=False)
         return {
@@ -458,6 +491,35 @@ class SqliteLedger(Ledger):
             "timestamp": now,
             "data": data,
         }
+
+    async def append_model_call(
+        self, rollout_id: str, attempt_id: str, data: dict[str, Any], wire: WireCall, now: float
+    ) -> None:
+        contexts = self._contexts
+        stored: list[WireRow] = []
+
+        def compact(conn: sqlite3.Connection) -> None:
+            blob, ctx = encode_model_request(data, contexts.get(rollout_id, attempt_id))
+            cursor = conn.execute(_INSERT_EVENT, (attempt_id, MODEL_REQUEST, now, blob, rollout_id))
+            if cursor.rowcount == 0:
+                raise RolloutNotFound(rollout_id)
+            contexts.put(rollout_id, attempt_id, _row_id(cursor), ctx)
+
+        def as_wire(conn: sqlite3.Connection) -> None:
+            blob = encode_wire(data, wire)
+            cursor = conn.execute(_INSERT_EVENT, (attempt_id, MODEL_REQUEST, now, blob, rollout_id))
+            if cursor.rowcount == 0:
+                raise RolloutNotFound(rollout_id)
+            row = _row_id(cursor)
+            prev_row = contexts.append_wire(rollout_id, attempt_id, row)
+            stored.append(WireRow(row, prev_row, rollout_id, attempt_id, blob))
+
+        done = self._write(compact, savepoint=False, inline_op=as_wire)
+        # An inline write has run by now (its COMMIT too): queue the row before anything can
+        # cancel this coroutine. Should the COMMIT have failed, the compaction finds no such row.
+        if stored and self._compactor is not None:
+            self._compactor.add(stored[0])
+        await done
 
     async def list_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None
@@ -581,6 +643,13 @@ def _patch_sql(fields: tuple[str, ...], target: RolloutState | None) -> str:
         sets.append("retry_at = NULL")
     sets += ["version = version + 1", "updated_at = :now"]
     return f"UPDATE rollouts SET {', '.join(sets)} WHERE {where} RETURNING {_ROLLOUT_COLUMNS}"
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just stored."""
+    row = cursor.lastrowid
+    assert row is not None, "an INSERT that stored a row sets lastrowid"
+    return row
 
 
 def _event_rows(

@@ -241,10 +241,10 @@ def test_context_cache_is_a_bounded_lru_per_attempt() -> None:
 
     cache = ContextCache(2)
     a, b, c = ctx(), ctx(), ctx()
-    cache.put("r", "1", a)
-    cache.put("r", "2", b)
+    cache.put("r", "1", 10, a)
+    cache.put("r", "2", 11, b)
     assert cache.get("r", "1") is a  # now the most recent
-    cache.put("s", "1", c)  # evicts ("r", "2")
+    cache.put("s", "1", 12, c)  # evicts ("r", "2")
     assert (cache.get("r", "2"), cache.get("r", "1"), cache.get("s", "1")) == (None, a, c)
 
     cache.drop_rollout("r")
@@ -253,8 +253,42 @@ def test_context_cache_is_a_bounded_lru_per_attempt() -> None:
     assert len(cache) == 0
 
     disabled = ContextCache(0)
-    disabled.put("r", "1", a)
+    disabled.put("r", "1", 10, a)
     assert disabled.get("r", "1") is None
+
+
+def test_a_call_extends_only_the_row_right_before_it_once_that_row_is_compact() -> None:
+    from keraunos.ledger._codec import CallContext
+
+    def ctx() -> CallContext:
+        return CallContext(prompt=None, response=None, messages=None, message_values=None)
+
+    cache = ContextCache(8)
+    first, second, third = ctx(), ctx(), ctx()
+    cache.put("r", "1", 10, first)
+    # Row 11 goes in wire form: until it is compacted, a new call cannot extend anything.
+    assert cache.append_wire("r", "1", 11) == 10
+    assert cache.get("r", "1") is None
+    # Row 12 also in wire form, before 11 is compacted: it will extend 11's context.
+    assert cache.append_wire("r", "1", 12) == 11
+    assert cache.prev_of("r", "1", 10) is first  # compacting 11 extends row 10
+    cache.compacted("r", "1", 11, second)
+    assert cache.get("r", "1") is None  # the last row, 12, is still wire
+    assert cache.prev_of("r", "1", 11) is second
+    cache.compacted("r", "1", 12, third)
+    assert cache.get("r", "1") is third
+
+    # An older row compacted late never replaces a newer context.
+    cache.compacted("r", "1", 11, first)
+    assert cache.get("r", "1") is third
+
+    # An attempt the cache does not know: the wire row has no known predecessor, and compacting
+    # it while the entry is gone remembers nothing (a newer row may have come between).
+    assert cache.append_wire("s", "1", 20) is None
+    assert cache.prev_of("s", "1", None) is None
+    cache.drop_rollout("s")
+    cache.compacted("s", "1", 20, first)
+    assert cache.get("s", "1") is None
 
 
 # -- inline commits: a write that finds the writer idle commits on the event loop -------------------

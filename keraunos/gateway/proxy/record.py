@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from keraunos.gateway.proxy.shaping import Sampling
 from keraunos.gateway.proxy.upstream import Answer
+from keraunos.ledger import WireCall
 from keraunos.protocol import Model
 
 MODEL_REQUEST = "model_request"
@@ -17,12 +19,33 @@ MODEL_REQUEST = "model_request"
 CLIENT_DISCONNECTED = "client_disconnected"
 
 
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A completed call's `model_request` data, and the JSON texts it was read from where they
+    read back exactly to it (the ledger may then store those first and encode later)."""
+
+    data: dict[str, Any]
+    wire: WireCall | None
+
+
 def model_request_data(
-    *, served_model: str, request: dict[str, Any], sampling: Sampling, answer: Answer
-) -> dict[str, Any]:
-    """`data` of the event recording `answer` to `request` (the body sent upstream), success or error."""
-    response = parse_response(answer.body)
-    return call_data(
+    *,
+    served_model: str,
+    request: dict[str, Any],
+    payload: bytes | None,
+    sampling: Sampling,
+    answer: Answer,
+) -> Recorded:
+    """The record of `answer` to `request` (the body sent upstream), success or error.
+
+    `payload` is the JSON text of `request` as sent, when orjson reads it back to `request` (pass
+    None when unsure, e.g. when the agent's body held NaN, which goes upstream as null).
+    """
+    try:
+        response = loads(answer.body)
+    except (ValueError, RecursionError):
+        response, payload = _not_json(answer.body), None
+    data = call_data(
         served_model=served_model,
         request=request,
         sampling=sampling,
@@ -33,6 +56,7 @@ def model_request_data(
         attempts=answer.attempts,
         latency_ms=answer.latency_ms,
     )
+    return Recorded(data, None if payload is None else WireCall(payload, answer.body))
 
 
 def call_data(
@@ -85,18 +109,20 @@ def loads(raw: bytes) -> Any:
     OpenAI parameters are bounded far below 2**64 anyway. The bytes the agent gets are the
     upstream's own, so only the record could differ.
     """
+    return read_json(raw)[0]
+
+
+def read_json(raw: bytes) -> tuple[Any, bool]:
+    """`loads(raw)`, and whether orjson read it: then what orjson writes of the value reads back
+    equal to it (NaN and Infinity, which only the stdlib reads, orjson writes as null)."""
     try:
-        return orjson.loads(raw)
+        return orjson.loads(raw), True
     except orjson.JSONDecodeError:
-        return json.loads(raw)
+        return json.loads(raw), False
 
 
-def parse_response(body: bytes) -> Any:
-    """The upstream body as JSON for the record; a body that is not JSON becomes an error object."""
-    try:
-        return loads(body)
-    except (ValueError, RecursionError):
-        return {"error": {"message": body.decode("utf-8", errors="replace")}}
+def _not_json(body: bytes) -> dict[str, Any]:
+    return {"error": {"message": body.decode("utf-8", errors="replace")}}
 
 
 def usage_of(response: Any) -> Any:

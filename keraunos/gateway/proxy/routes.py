@@ -31,8 +31,8 @@ from keraunos.gateway.proxy.record import (
     CLIENT_DISCONNECTED,
     MODEL_REQUEST,
     call_data,
-    loads,
     model_request_data,
+    read_json,
 )
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.state import ProxyState
@@ -47,6 +47,7 @@ from keraunos.gateway.proxy.stream import (
 )
 from keraunos.gateway.proxy.upstream import Answer, Failure, Opened, Progress, call_upstream, describe
 from keraunos.gateway.replicas import NotAcknowledged
+from keraunos.ledger import WireCall
 from keraunos.ledger.errors import LedgerUnavailable, RolloutNotFound
 from keraunos.protocol import Model
 
@@ -147,14 +148,19 @@ class _Call:
             latency_ms=latency_ms,
         )
 
-    async def commit(self, data: dict[str, Any]) -> LedgerUnavailable | RolloutNotFound | None:
-        """Commit the call's `model_request` event; the error when it could not be, else None."""
+    async def commit(
+        self, data: dict[str, Any], wire: WireCall | None = None
+    ) -> LedgerUnavailable | RolloutNotFound | None:
+        """Commit the call's `model_request` event (read from `wire`'s texts if given); the error
+        when it could not be, else None."""
         state = self.state
         tick = time.perf_counter()
+        ledger = state.ledger
         try:
-            await state.ledger.append_event(
-                self.rollout_id, self.attempt_id, MODEL_REQUEST, data, time.time()
-            )
+            if wire is None:
+                await ledger.append_event(self.rollout_id, self.attempt_id, MODEL_REQUEST, data, time.time())
+            else:
+                await ledger.append_model_call(self.rollout_id, self.attempt_id, data, wire, time.time())
         except LedgerUnavailable as exc:
             log.error(
                 "model call not recorded: ledger unavailable", rollout_id=self.rollout_id, error=str(exc)
@@ -194,7 +200,7 @@ async def _forward(
     started = time.perf_counter()
     raw = await _raw_body(request)
     try:
-        body = loads(raw)
+        body, exact = read_json(raw)
     except (ValueError, RecursionError) as exc:
         return gateway_error(400, f"Request body is not valid JSON: {exc}")
     if not isinstance(body, dict):
@@ -263,10 +269,15 @@ async def _forward(
         return _failure(outcome)
     if isinstance(outcome, Opened):
         return StreamedCall(call, outcome, strip_usage=strip_usage, release=state.pause.release)
-    data = model_request_data(
-        served_model=config.served_model, request=shaped, sampling=sampling, answer=outcome
+    recorded = model_request_data(
+        served_model=config.served_model,
+        request=shaped,
+        payload=payload if exact else None,
+        sampling=sampling,
+        answer=outcome,
     )
-    error = await call.commit(data)
+    data = recorded.data
+    error = await call.commit(data, recorded.wire)
     upstream_s = outcome.latency_ms / 1000.0
     call.count(data, upstream_s, time.perf_counter() - started - upstream_s, outcome.attempts)
     if isinstance(error, LedgerUnavailable):

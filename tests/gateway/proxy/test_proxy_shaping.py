@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 import pytest
 
-from keraunos.gateway.proxy.record import finish_reason_of, parse_response, usage_of
-from keraunos.gateway.proxy.shaping import shape_request
-from keraunos.gateway.proxy.upstream import backoff_delay, is_retryable
+from keraunos.gateway.proxy.record import finish_reason_of, model_request_data, usage_of
+from keraunos.gateway.proxy.shaping import Sampling, shape_request
+from keraunos.gateway.proxy.upstream import Answer, backoff_delay, is_retryable
+from keraunos.ledger._wire import decode_wire, encode_wire
+from keraunos.protocol import Model
 
 
 def test_train_mode_forces_model_temperature_token_ids_and_logprobs() -> None:
@@ -51,9 +56,31 @@ def test_usage_and_finish_reason_are_read_defensively() -> None:
         assert finish_reason_of(odd) is None
 
 
+def recorded(body: bytes, request: dict, payload: bytes | None) -> Any:
+    answer = Answer(200, body, "application/json", Model(model="m", endpoint="http://e"), 1, 1.0)
+    sampling = Sampling(temperature=1.0, top_p=None)
+    return model_request_data(
+        served_model="m", request=request, payload=payload, sampling=sampling, answer=answer
+    )
+
+
 def test_a_body_that_is_not_json_is_recorded_as_an_error_object() -> None:
-    assert parse_response(b"<html>bad gateway</html>") == {"error": {"message": "<html>bad gateway</html>"}}
-    assert parse_response(b'{"x": NaN}')["x"] != parse_response(b'{"x": NaN}')["x"]  # NaN kept
+    record = recorded(b"<html>bad gateway</html>", {}, b"{}")
+    assert record.data["response"] == {"error": {"message": "<html>bad gateway</html>"}}
+    assert record.wire is None  # the texts do not read back to the record: it is encoded at once
+    nan = recorded(b'{"x": NaN}', {}, b"{}").data["response"]["x"]
+    assert nan != nan  # NaN kept
+
+
+def test_the_wire_texts_read_back_to_the_record() -> None:
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 1.0}
+    for body in (b'{"choices": [{"finish_reason": "stop"}], "usage": {"total_tokens": 3}}', b'{"x": NaN}'):
+        record = recorded(body, request, orjson.dumps(request))
+        assert record.wire is not None
+        again = decode_wire(encode_wire(record.data, record.wire))
+        assert repr(again) == repr(record.data)
+    # Without the request's text (an agent body orjson could not read), nothing goes by wire.
+    assert recorded(b"{}", request, None).wire is None
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,136 @@
+"""Rewrite `model_request` rows committed in wire form into the codec's compact form, in batches.
+
+A call the SQLite writer commits inline (the event loop's own turn, nothing else queued) is stored
+in wire form (`keraunos.ledger._wire`): the agent gets its answer without waiting for the encoding.
+The `Compactor` collects those rows and, once `batch` of them wait or `delay_s` after the first,
+hands them to the writer thread, a few per operation, to be encoded each against the previous call
+of its attempt and written over the wire row. Rows are compacted in commit order, so each finds the context of the
+row before it in the `ContextCache`; where it cannot (evicted, never seen, the row before it still in
+wire form after a failure), the row is stored in full, which costs space and never correctness.
+
+A crash leaves the rows of the last fraction of a second in wire form: they stay readable as they
+are, and the calls after them are stored in full. Closing the ledger compacts everything first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from keraunos.ledger._codec import CodecError, encode_model_request
+from keraunos.ledger._sqlite_events import ContextCache
+from keraunos.ledger._wire import decode_wire
+
+# The row must still hold the wire blob: a rollout deleted meanwhile may have freed its id.
+_REPLACE = "UPDATE events SET data = ? WHERE id = ? AND data = ?"
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WireRow:
+    """A `model_request` row stored in wire form, and the id of its attempt's call before it."""
+
+    row: int
+    prev_row: int | None
+    rollout_id: str
+    attempt_id: str
+    blob: bytes
+
+
+#: Hands an operation to the writer thread (never inline); the future resolves after its COMMIT.
+Submit = Callable[[Callable[[sqlite3.Connection], Any]], "asyncio.Future[Any]"]
+
+
+class Compactor:
+    """Collects wire rows on the event loop; compacts them on the writer thread, a few at a time.
+
+    Each operation handed to the writer compacts at most `chunk` rows, and the next is handed over
+    only once it committed: a write that arrives meanwhile queues behind one short operation, not
+    behind the whole backlog.
+    """
+
+    def __init__(
+        self, submit: Submit, contexts: ContextCache, *, batch: int, chunk: int, delay_s: float
+    ) -> None:
+        self._submit = submit
+        self._contexts = contexts
+        self._batch = max(1, batch)
+        self._chunk = max(1, chunk)
+        self._delay_s = max(0.0, delay_s)
+        self._pending: deque[WireRow] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._running: asyncio.Future[Any] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        #: Rows rewritten compact so far (tests and logs).
+        self.compacted = 0
+
+    def add(self, row: WireRow) -> None:
+        """Queue `row` for compaction (on the event loop)."""
+        self._pending.append(row)
+        self._idle.clear()
+        if self._running is not None:
+            return  # taken by the compaction under way
+        if len(self._pending) >= self._batch:
+            self._start()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._start)
+
+    async def drain(self) -> None:
+        """Compact every row added so far, and wait until that is committed (or has failed)."""
+        if self._running is None:
+            self._start()
+        await self._idle.wait()
+
+    def _start(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._pending:
+            self._idle.set()
+            return
+        rows = [self._pending.popleft() for _ in range(min(self._chunk, len(self._pending)))]
+        try:
+            self._running = self._submit(lambda conn: self._compact(conn, rows))
+        except Exception as exc:  # the ledger is closed: the rows stay in wire form
+            log.warning("model calls left in wire form", rows=len(rows) + len(self._pending), error=str(exc))
+            self._pending.clear()
+            self._idle.set()
+            return
+        self._running.add_done_callback(self._finished)
+
+    def _finished(self, fut: asyncio.Future[Any]) -> None:
+        self._running = None
+        if not fut.cancelled():
+            if (exc := fut.exception()) is not None:
+                log.warning("model calls left in wire form: compaction failed", error=str(exc))
+            else:
+                self.compacted += fut.result()
+        self._start()  # the next chunk, if any
+
+    def _compact(self, conn: sqlite3.Connection, rows: list[WireRow]) -> int:
+        """Writer thread: rewrite `rows` (in commit order) compact; how many were."""
+        contexts = self._contexts
+        done = 0
+        try:
+            for item in rows:
+                prev = contexts.prev_of(item.rollout_id, item.attempt_id, item.prev_row)
+                try:
+                    blob, ctx = encode_model_request(decode_wire(item.blob), prev)
+                except CodecError as exc:  # cannot happen for the proxy's data; the row stays readable
+                    log.warning("model call left in wire form", row=item.row, error=str(exc))
+                    continue
+                if conn.execute(_REPLACE, (blob, item.row, item.blob)).rowcount:
+                    contexts.compacted(item.rollout_id, item.attempt_id, item.row, ctx)
+                    done += 1
+        except BaseException:
+            contexts.clear()  # the rows rewritten so far are rolled back with this operation
+            raise
+        return done
