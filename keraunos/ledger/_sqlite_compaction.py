@@ -3,8 +3,8 @@
 A call the SQLite writer commits inline (the event loop's own turn, nothing else queued) is stored
 in wire form (`keraunos.ledger._wire`): the agent gets its answer without waiting for the encoding.
 The `Compactor` collects those rows and, once `batch` of them wait or `delay_s` after the first,
-hands them to the writer thread, a few per operation, to be encoded each against the previous call
-of its attempt and written over the wire row. Rows are compacted in commit order, so each finds the context of the
+hands them to the writer thread, at most `batch` per operation, to be encoded each against the
+previous call of its attempt and written over the wire row. Rows are compacted in commit order, so each finds the context of the
 row before it in the `ContextCache`; where it cannot (evicted, never seen, the row before it still in
 wire form after a failure), the row is stored in full, which costs space and never correctness.
 
@@ -49,20 +49,19 @@ Submit = Callable[[Callable[[sqlite3.Connection], Any]], "asyncio.Future[Any]"]
 
 
 class Compactor:
-    """Collects wire rows on the event loop; compacts them on the writer thread, a few at a time.
+    """Collects wire rows on the event loop; compacts them on the writer thread, `batch` at a time.
 
-    Each operation handed to the writer compacts at most `chunk` rows, and the next is handed over
-    only once it committed: a write that arrives meanwhile queues behind one short operation, not
-    behind the whole backlog.
+    The next operation is handed to the writer only once the last one committed, so a write that
+    arrives meanwhile waits behind one operation at most, never behind the whole backlog. Why
+    batches rather than a row at a time: under a closed loop of calls with nothing to wait for, each
+    operation delays the one call that arrives while it runs; batches keep that to one call in
+    `batch` (benchmarks/results/2026-11-30/proxy4.md).
     """
 
-    def __init__(
-        self, submit: Submit, contexts: ContextCache, *, batch: int, chunk: int, delay_s: float
-    ) -> None:
+    def __init__(self, submit: Submit, contexts: ContextCache, *, batch: int, delay_s: float) -> None:
         self._submit = submit
         self._contexts = contexts
         self._batch = max(1, batch)
-        self._chunk = max(1, chunk)
         self._delay_s = max(0.0, delay_s)
         self._pending: deque[WireRow] = deque()
         self._timer: asyncio.TimerHandle | None = None
@@ -96,7 +95,7 @@ class Compactor:
         if not self._pending:
             self._idle.set()
             return
-        rows = [self._pending.popleft() for _ in range(min(self._chunk, len(self._pending)))]
+        rows = [self._pending.popleft() for _ in range(min(self._batch, len(self._pending)))]
         try:
             self._running = self._submit(lambda conn: self._compact(conn, rows))
         except Exception as exc:  # the ledger is closed: the rows stay in wire form
@@ -113,7 +112,7 @@ class Compactor:
                 log.warning("model calls left in wire form: compaction failed", error=str(exc))
             else:
                 self.compacted += fut.result()
-        self._start()  # the next chunk, if any
+        self._start()  # the next batch, if rows wait
 
     def _compact(self, conn: sqlite3.Connection, rows: list[WireRow]) -> int:
         """Writer thread: rewrite `rows` (in commit order) compact; how many were."""

@@ -111,7 +111,7 @@ class SqliteLedger(Ledger):
     remembers the last model call of, to store the next call as a delta; `read_threads` is the size
     of the pool that runs heavy reads off the event loop; model calls stored in wire form are
     compacted once `compact_batch` of them wait, or `compact_delay_s` after the first, at most
-    `compact_chunk` per transaction.
+    `compact_batch` per transaction.
     """
 
     def __init__(
@@ -123,7 +123,6 @@ class SqliteLedger(Ledger):
         context_cache_size: int = 4096,
         read_threads: int = 2,
         compact_batch: int = 32,
-        compact_chunk: int = 4,
         compact_delay_s: float = 0.1,
     ) -> None:
         if durability not in ("normal", "full"):
@@ -134,7 +133,6 @@ class SqliteLedger(Ledger):
         self._read_threads = max(1, read_threads)
         self._contexts = ContextCache(context_cache_size)
         self._compact_batch = compact_batch
-        self._compact_chunk = compact_chunk
         self._compact_delay_s = compact_delay_s
         self._compactor: Compactor | None = None
         self._lock = FileLock(self.path)
@@ -181,7 +179,6 @@ class SqliteLedger(Ledger):
             lambda op: writer.submit(op, background=True),
             self._contexts,
             batch=self._compact_batch,
-            chunk=self._compact_chunk,
             delay_s=self._compact_delay_s,
         )
 
