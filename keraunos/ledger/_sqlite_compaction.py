@@ -25,7 +25,6 @@ import structlog
 
 from keraunos.ledger._codec import CodecError, encode_model_request
 from keraunos.ledger._sqlite_events import ContextCache
-from keraunos.ledger._wire import decode_wire
 
 # The row must still hold the wire blob: a rollout deleted meanwhile may have freed its id.
 _REPLACE = "UPDATE events SET data = ? WHERE id = ? AND data = ?"
@@ -35,13 +34,15 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class WireRow:
-    """A `model_request` row stored in wire form, and the id of its attempt's call before it."""
+    """A `model_request` row stored in wire form (`blob`, read from `data`), and the id of its
+    attempt's call before it. Holding the data saves parsing the blob again to compact it."""
 
     row: int
     prev_row: int | None
     rollout_id: str
     attempt_id: str
     blob: bytes
+    data: dict[str, Any]
 
 
 #: Hands an operation to the writer thread (never inline); the future resolves after its COMMIT.
@@ -122,7 +123,7 @@ class Compactor:
             for item in rows:
                 prev = contexts.prev_of(item.rollout_id, item.attempt_id, item.prev_row)
                 try:
-                    blob, ctx = encode_model_request(decode_wire(item.blob), prev)
+                    blob, ctx = encode_model_request(item.data, prev)
                 except CodecError as exc:  # cannot happen for the proxy's data; the row stays readable
                     log.warning("model call left in wire form", row=item.row, error=str(exc))
                     continue

@@ -509,7 +509,7 @@ class SqliteLedger(Ledger):
                 raise RolloutNotFound(rollout_id)
             row = _row_id(cursor)
             prev_row = contexts.append_wire(rollout_id, attempt_id, row)
-            stored.append(WireRow(row, prev_row, rollout_id, attempt_id, blob))
+            stored.append(WireRow(row, prev_row, rollout_id, attempt_id, blob, data))
 
         done = self._write(compact, savepoint=False, inline_op=as_wire)
         # An inline write has run by now (its COMMIT too): queue the row before anything can
