@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from keraunos.ledger import InvalidTransition, LedgerUnavailable, RolloutNotFound, SqliteLedger
+from keraunos.ledger._codec import CallContext
 from keraunos.ledger._sqlite_events import ContextCache
 from keraunos.ledger._sqlite_writer import GroupCommitWriter
 from keraunos.protocol import RolloutCreate, RolloutState, RolloutStatusPatch
@@ -233,12 +234,12 @@ async def test_small_context_caches_still_read_back_exactly(tmp_path: Path) -> N
             assert json.dumps(stored) == json.dumps(calls)
 
 
+def ctx() -> CallContext:
+    """A call context, distinct by identity (contents do not matter to the cache)."""
+    return CallContext(prompt=None, response=None, messages=None, message_values=None)
+
+
 def test_context_cache_is_a_bounded_lru_per_attempt() -> None:
-    from keraunos.ledger._codec import CallContext
-
-    def ctx() -> CallContext:
-        return CallContext(prompt=None, response=None, messages=None, message_values=None)
-
     cache = ContextCache(2)
     a, b, c = ctx(), ctx(), ctx()
     cache.put("r", "1", 10, a)
@@ -258,11 +259,6 @@ def test_context_cache_is_a_bounded_lru_per_attempt() -> None:
 
 
 def test_a_call_extends_only_the_row_right_before_it_once_that_row_is_compact() -> None:
-    from keraunos.ledger._codec import CallContext
-
-    def ctx() -> CallContext:
-        return CallContext(prompt=None, response=None, messages=None, message_values=None)
-
     cache = ContextCache(8)
     first, second, third = ctx(), ctx(), ctx()
     cache.put("r", "1", 10, first)
