@@ -4,9 +4,10 @@ A call the SQLite writer commits inline (the event loop's own turn, nothing else
 in wire form (`keraunos.ledger._wire`): the agent gets its answer without waiting for the encoding.
 The `Compactor` collects those rows and, once `batch` of them wait or `delay_s` after the first,
 hands them to the writer thread, at most `batch` per operation, to be encoded each against the
-previous call of its attempt and written over the wire row. Rows are compacted in commit order, so each finds the context of the
-row before it in the `ContextCache`; where it cannot (evicted, never seen, the row before it still in
-wire form after a failure), the row is stored in full, which costs space and never correctness.
+previous call of its attempt and written over the wire row. Rows are compacted in commit order, so
+each finds the context of the row before it in the `ContextCache`; where it cannot (evicted, never
+seen, the row before it still in wire form after a failure), the row is stored in full, which costs
+space and never correctness.
 
 A crash leaves the rows of the last fraction of a second in wire form: they stay readable as they
 are, and the calls after them are stored in full. Closing the ledger compacts everything first.
@@ -69,8 +70,6 @@ class Compactor:
         self._running: asyncio.Future[Any] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
-        #: Rows rewritten compact so far (tests and logs).
-        self.compacted = 0
 
     def add(self, row: WireRow) -> None:
         """Queue `row` for compaction (on the event loop)."""
@@ -108,17 +107,13 @@ class Compactor:
 
     def _finished(self, fut: asyncio.Future[Any]) -> None:
         self._running = None
-        if not fut.cancelled():
-            if (exc := fut.exception()) is not None:
-                log.warning("model calls left in wire form: compaction failed", error=str(exc))
-            else:
-                self.compacted += fut.result()
+        if not fut.cancelled() and (exc := fut.exception()) is not None:
+            log.warning("model calls left in wire form: compaction failed", error=str(exc))
         self._start()  # the next batch, if rows wait
 
-    def _compact(self, conn: sqlite3.Connection, rows: list[WireRow]) -> int:
-        """Writer thread: rewrite `rows` (in commit order) compact; how many were."""
+    def _compact(self, conn: sqlite3.Connection, rows: list[WireRow]) -> None:
+        """Writer thread: rewrite `rows` (in commit order) compact."""
         contexts = self._contexts
-        done = 0
         try:
             for item in rows:
                 prev = contexts.prev_of(item.rollout_id, item.attempt_id, item.prev_row)
@@ -129,8 +124,6 @@ class Compactor:
                     continue
                 if conn.execute(_REPLACE, (blob, item.row, item.blob)).rowcount:
                     contexts.compacted(item.rollout_id, item.attempt_id, item.row, ctx)
-                    done += 1
         except BaseException:
             contexts.clear()  # the rows rewritten so far are rolled back with this operation
             raise
-        return done

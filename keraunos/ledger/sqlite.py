@@ -2,9 +2,10 @@
 
 Writes go through `GroupCommitWriter` (`_sqlite_writer.py`): concurrent requests share one
 transaction, and a call returns only after that transaction committed; with `normal` durability a
-write that finds the writer idle commits at once on the event loop, without a thread hand-off. Reads use their own
-read-only connections, which WAL never blocks behind the writer. A sidecar lock file keeps a second
-gateway off the same file (`_sqlite_lock.py`); the schema is migrated on open (`_sqlite_schema.py`).
+write that finds the writer idle commits at once on the event loop, without a thread hand-off.
+Reads use their own read-only connections, which WAL never blocks behind the writer. A sidecar
+lock file keeps a second gateway off the same file (`_sqlite_lock.py`); the schema is migrated on
+open (`_sqlite_schema.py`).
 
 Durability: `normal` is WAL with `synchronous=NORMAL` -- a committed write survives `kill -9` of the
 process (the WAL is in the OS page cache), not a power loss. `full` is `synchronous=FULL`: the WAL is
@@ -465,21 +466,7 @@ class SqliteLedger(Ledger):
     async def append_event(
         self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], now: float
     ) -> EventDict:
-        contexts = self._contexts
-
-        def op(conn: sqlite3.Connection) -> None:
-            # Encoded here, inside the write batch, so contexts chain in commit order. One INSERT is
-            # all it writes (no savepoint needed), and the cache moves only once it succeeded.
-            if event_type == MODEL_REQUEST:
-                blob, ctx = encode_model_request(data, contexts.get(rollout_id, attempt_id))
-            else:
-                blob, ctx = encode_json(data), None
-            cursor = conn.execute(_INSERT_EVENT, (attempt_id, event_type, now, blob, rollout_id))
-            if cursor.rowcount == 0:
-                raise RolloutNotFound(rollout_id)
-            if ctx is not None:
-                contexts.put(rollout_id, attempt_id, _row_id(cursor), ctx)
-
+        op = _append_op(self._contexts, rollout_id, attempt_id, event_type, data, now)
         await self._write(op, savepoint=False)
         return {
             "event_type": event_type,
@@ -495,13 +482,6 @@ class SqliteLedger(Ledger):
         contexts = self._contexts
         stored: list[WireRow] = []
 
-        def compact(conn: sqlite3.Connection) -> None:
-            blob, ctx = encode_model_request(data, contexts.get(rollout_id, attempt_id))
-            cursor = conn.execute(_INSERT_EVENT, (attempt_id, MODEL_REQUEST, now, blob, rollout_id))
-            if cursor.rowcount == 0:
-                raise RolloutNotFound(rollout_id)
-            contexts.put(rollout_id, attempt_id, _row_id(cursor), ctx)
-
         def as_wire(conn: sqlite3.Connection) -> None:
             blob = encode_wire(data, wire)
             cursor = conn.execute(_INSERT_EVENT, (attempt_id, MODEL_REQUEST, now, blob, rollout_id))
@@ -511,6 +491,8 @@ class SqliteLedger(Ledger):
             prev_row = contexts.append_wire(rollout_id, attempt_id, row)
             stored.append(WireRow(row, prev_row, rollout_id, attempt_id, blob, data))
 
+        # Queued behind other writes, the call is encoded by the writer thread as any event is.
+        compact = _append_op(contexts, rollout_id, attempt_id, MODEL_REQUEST, data, now)
         done = self._write(compact, savepoint=False, inline_op=as_wire)
         # An inline write has run by now (its COMMIT too): queue the row before anything can
         # cancel this coroutine. Should the COMMIT have failed, the compaction finds no such row.
@@ -640,6 +622,31 @@ def _patch_sql(fields: tuple[str, ...], target: RolloutState | None) -> str:
         sets.append("retry_at = NULL")
     sets += ["version = version + 1", "updated_at = :now"]
     return f"UPDATE rollouts SET {', '.join(sets)} WHERE {where} RETURNING {_ROLLOUT_COLUMNS}"
+
+
+def _append_op(
+    contexts: ContextCache,
+    rollout_id: str,
+    attempt_id: str,
+    event_type: str,
+    data: dict[str, Any],
+    now: float,
+) -> Callable[[sqlite3.Connection], None]:
+    """The write that appends one event, encoded in its batch (so contexts chain in commit order)."""
+
+    def op(conn: sqlite3.Connection) -> None:
+        # One INSERT is all it writes (no savepoint needed); the cache moves only once it succeeded.
+        if event_type == MODEL_REQUEST:
+            blob, ctx = encode_model_request(data, contexts.get(rollout_id, attempt_id))
+        else:
+            blob, ctx = encode_json(data), None
+        cursor = conn.execute(_INSERT_EVENT, (attempt_id, event_type, now, blob, rollout_id))
+        if cursor.rowcount == 0:
+            raise RolloutNotFound(rollout_id)
+        if ctx is not None:
+            contexts.put(rollout_id, attempt_id, _row_id(cursor), ctx)
+
+    return op
 
 
 def _row_id(cursor: sqlite3.Cursor) -> int:
