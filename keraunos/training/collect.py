@@ -233,6 +233,8 @@ class RolloutCollector:
                 if self._in_flight:
                     await asyncio.sleep(self.config.poll_interval_s)
             groups = self._take(len(self._ready), model_version, counts)
+            # In the rows' order, not the order they completed in: a step's batch is reproducible.
+            groups.sort(key=lambda group: group.index)
         else:
             groups = await self._collect_async(step, source, index, model_version, counts)
         metrics = self._metrics(step, groups, counts, time.monotonic() - started)
