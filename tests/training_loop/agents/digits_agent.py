@@ -3,6 +3,10 @@
 Two turns over plain HTTP (httpx only, so it starts fast): the prompt from the rollout input
 (`AGENT_INPUT`), then the reply sent back with a follow-up, so every rollout makes two model calls
 whose second prompt continues the first. Reward: digits / non-space characters over both replies.
+
+Each call carries a sampling `seed` made from the rollout id and the turn, so a run samples the same
+replies whatever order the warm workers' calls reach the model server in (rollout ids are the
+run's `run_id` plus step, row and member: the same in every run).
 """
 
 from __future__ import annotations
@@ -10,19 +14,20 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 
 import httpx
 
-from keraunos.agent import api_key, emit_reward, openai_base_url
+from keraunos.agent import api_key, emit_reward, openai_base_url, rollout_id
 
 MAX_TOKENS = int(os.environ.get("DIGITS_MAX_TOKENS", "6"))
 
 
 def chat(client: httpx.Client, messages: list[dict[str, str]]) -> str:
+    seed = zlib.crc32(f"{rollout_id()}/{len(messages)}".encode())
+    body = {"model": "policy", "messages": messages, "max_tokens": MAX_TOKENS, "seed": seed}
     for _ in range(60):  # a paused gateway answers 429 with Retry-After during a weight update
-        response = client.post(
-            "/chat/completions", json={"model": "policy", "messages": messages, "max_tokens": MAX_TOKENS}
-        )
+        response = client.post("/chat/completions", json=body)
         if response.status_code != 429:
             response.raise_for_status()
             return response.json()["choices"][0]["message"]["content"] or ""
