@@ -63,8 +63,10 @@ def _gateway_app() -> typer.Typer:
 def serve_gateway(config: GatewayConfig) -> int:
     """Open the ledger, serve the gateway until SIGTERM/SIGINT, close the ledger; the exit code."""
     import asyncio
+    import os
 
     from keraunos._logging import configure_logging
+    from keraunos._parent import watch_parent
 
     try:
         import uvloop
@@ -74,6 +76,11 @@ def serve_gateway(config: GatewayConfig) -> int:
         loop_factory = uvloop.new_event_loop
 
     configure_logging(config.log_level)
+    try:  # started by `keraunos train`: stop when it does, even if it is killed outright
+        watch_parent(os.environ)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(_serve(config))
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from keraunos._parent import watch_parent
 from keraunos.controller.attempts import AttemptsSource
 from keraunos.controller.client import GatewayClient, GatewayError, GatewayUnreachable
 from keraunos.controller.config import ControllerConfig
@@ -104,6 +105,11 @@ def run_controller(config: ControllerConfig) -> int:
     from keraunos._logging import configure_logging
 
     configure_logging(config.log_level)
+    try:  # started by `keraunos train`: stop when it does, even if it is killed outright
+        watch_parent(os.environ)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     # One line per gateway request would drown the controller's own log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:

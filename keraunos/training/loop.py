@@ -43,6 +43,7 @@ import httpx
 import numpy as np
 import structlog
 
+from keraunos._parent import parent_env
 from keraunos._subprocess import free_port, stop_process
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages
 from keraunos.training.collect import CollectedBatch, CollectorConfig, RolloutCollector
@@ -452,9 +453,11 @@ class Child:
 
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This environment minus KERAUNOS_* (the run's own settings), with the working directory on
-    PYTHONPATH so agent classes next to the user resolve in every process."""
+    PYTHONPATH so agent classes next to the user resolve in every process, and this process named
+    as the parent the child stops with (`keraunos._parent`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERAUNOS_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)
+    env.update(parent_env())
     env.update(extra or {})
     return env
 

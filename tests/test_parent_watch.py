@@ -1,0 +1,83 @@
+"""A child started with `parent_env()` stops (SIGTERM) once the process that started it is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keraunos._parent import PARENT_PID, parent_env, watch_parent
+
+# The child: watch its parent, note SIGTERM in a file and exit; otherwise sleep long.
+CHILD = """
+import os, signal, sys, time
+from keraunos._parent import watch_parent
+def stopped(*_):
+    open(sys.argv[1], "w").write("SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+watch_parent(os.environ, interval_s=0.05)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(60)
+"""
+
+# The parent: start the child with parent_env(), say its pid, then wait to be killed.
+PARENT = """
+import os, subprocess, sys, time
+from keraunos._parent import parent_env
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env={**os.environ, **parent_env()})
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_entry_names_this_process() -> None:
+    assert parent_env() == {PARENT_PID: str(os.getpid())}
+
+
+def test_without_the_entry_nothing_is_watched() -> None:
+    assert watch_parent({}) is None
+    assert watch_parent({PARENT_PID: " "}) is None
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "1", "0", "12.5"])
+def test_a_value_that_is_no_parent_pid_is_refused(value: str) -> None:
+    with pytest.raises(ValueError, match=PARENT_PID):
+        watch_parent({PARENT_PID: value})
+
+
+def test_the_child_gets_sigterm_when_its_parent_is_killed_and_not_before(tmp_path: Path) -> None:
+    marker = tmp_path / "stopped"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD, str(marker)], stdout=subprocess.PIPE, text=True
+    )
+    child_pid = 0
+    try:
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        assert wait_for(Path(f"{marker}.ready"))
+        time.sleep(0.3)  # six polls with the parent alive
+        assert not marker.exists()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(5)
+        assert wait_for(marker), "the child was not stopped after its parent died"
+        assert marker.read_text() == "SIGTERM"
+    finally:
+        parent.kill()
+        parent.wait(5)
+        if child_pid and not marker.exists():
+            os.kill(child_pid, signal.SIGKILL)
