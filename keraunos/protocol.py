@@ -27,6 +27,9 @@ DEFAULT_ATTEMPT_ID = "0"
 #: model server keeps each conversation's sampled token ids apart by it (a keraunos extension).
 SESSION_HEADER = "x-keraunos-session"
 
+#: Event type of a model call the proxy recorded (request, response, token ids, logprobs, ...).
+MODEL_REQUEST = "model_request"
+
 
 def is_valid_id(value: str) -> bool:
     """Whether `value` is an acceptable rollout or attempt id."""

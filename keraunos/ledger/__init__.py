@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from keraunos.ledger._pg_pool import PoolSettings
-from keraunos.ledger._wire import WireCall
+from keraunos.ledger._wire import WireCall, read_json
 from keraunos.ledger.base import EventDict, Ledger
 from keraunos.ledger.errors import (
     InvalidTransition,
@@ -66,4 +66,5 @@ __all__ = [
     "SqliteLedger",
     "WireCall",
     "open_ledger",
+    "read_json",
 ]

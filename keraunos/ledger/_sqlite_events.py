@@ -24,8 +24,8 @@ from keraunos.ledger._codec import (
 from keraunos.ledger._triplet import dedupe_model_requests, trim_model_request, trim_reward
 from keraunos.ledger._wire import decode_wire, is_wire
 from keraunos.ledger.base import EventDict
+from keraunos.protocol import MODEL_REQUEST
 
-MODEL_REQUEST = "model_request"
 REWARD = "reward"
 
 #: (event_type, timestamp, data blob) of one stored event, in arrival order.

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-MODEL_REQUEST = "model_request"
+from keraunos.protocol import MODEL_REQUEST
 
 
 def trim_model_request(data: dict[str, Any]) -> dict[str, Any]:

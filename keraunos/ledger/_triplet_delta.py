@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-MODEL_REQUEST = "model_request"
+from keraunos.protocol import MODEL_REQUEST
 
 #: A token-id sequence as this module handles it: an int64 array, or a list for ids beyond 64 bits.
 _Ids = np.ndarray | list[int]

@@ -72,15 +72,18 @@ def decode_wire(blob: bytes | memoryview) -> dict[str, Any]:
         raise CodecError("corrupt wire model_request blob: bad header")
     data = decode_json(bytes(view[start : start + head_length]))
     try:
-        data["request"] = _loads(view[start + head_length : end])
-        data["response"] = _loads(view[end:])
+        data["request"] = read_json(view[start + head_length : end])[0]
+        data["response"] = read_json(view[end:])[0]
     except (ValueError, RecursionError) as exc:
         raise CodecError(f"corrupt wire model_request blob: {exc}") from exc
     return data
 
 
-def _loads(text: memoryview) -> Any:
+def read_json(raw: bytes | memoryview) -> tuple[Any, bool]:
+    """`loads(raw)`, and whether orjson read it: then what orjson writes of the value reads back
+    equal to it (NaN and Infinity, which only the stdlib reads, orjson writes as null). The proxy
+    reads model-call bodies with it, and `decode_wire` their texts, so both read them alike."""
     try:
-        return orjson.loads(text)
+        return orjson.loads(raw), True
     except orjson.JSONDecodeError:
-        return json.loads(bytes(text))
+        return json.loads(bytes(raw)), False

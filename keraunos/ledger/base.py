@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keraunos.ledger._triplet import MODEL_REQUEST
 from keraunos.ledger._wire import WireCall
 from keraunos.protocol import (
+    MODEL_REQUEST,
     AttemptDetail,
     AttemptOutcome,
     Model,

@@ -45,7 +45,7 @@ from keraunos.ledger._rows import (
     rollout_from_row,
     transition_sources,
 )
-from keraunos.ledger._sqlite_events import MODEL_REQUEST, EventRow, decode_events, decode_triplet_events
+from keraunos.ledger._sqlite_events import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger.base import AttemptLog, Claim, EventDict, Ledger
 from keraunos.ledger.errors import (
     AttemptConflict,
@@ -54,6 +54,7 @@ from keraunos.ledger.errors import (
     RolloutNotFound,
 )
 from keraunos.protocol import (
+    MODEL_REQUEST,
     TERMINAL_STATES,
     AttemptDetail,
     AttemptOutcome,

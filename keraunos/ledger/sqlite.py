@@ -43,7 +43,6 @@ from keraunos.ledger._rows import (
 from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
 from keraunos.ledger._sqlite_compaction import Compactor, WireRow
 from keraunos.ledger._sqlite_events import (
-    MODEL_REQUEST,
     ContextCache,
     EventRow,
     decode_events,
@@ -62,6 +61,7 @@ from keraunos.ledger.errors import (
     RolloutNotFound,
 )
 from keraunos.protocol import (
+    MODEL_REQUEST,
     TERMINAL_STATES,
     AttemptDetail,
     AttemptOutcome,

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from keraunos.protocol import MODEL_REQUEST
 from keraunos.training._data import Triplet
 
-MODEL_REQUEST = "model_request"
 REWARD = "reward"
 
 

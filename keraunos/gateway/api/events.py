@@ -21,13 +21,11 @@ from keraunos.gateway.api._common import (
 )
 from keraunos.ledger._triplet_delta import delta_encode
 from keraunos.ledger.errors import RolloutNotFound
-from keraunos.protocol import DEFAULT_ATTEMPT_ID, Event, EventCreate
+from keraunos.protocol import DEFAULT_ATTEMPT_ID, MODEL_REQUEST, Event, EventCreate
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=LeanRoute)
 
 _EVENT_BODY = TypeAdapter(EventCreate)
-#: Written by the proxy for each recorded model call; agent tokens may not forge one.
-_MODEL_REQUEST = "model_request"
 
 
 @router.post(
@@ -47,7 +45,7 @@ async def post_event(request: Request, rollout_id: RolloutIdPath, attempt_id: At
     An agent token may post any event type but `model_request` (403): only the proxy writes those.
     """
     body = await read_body(request, _EVENT_BODY)
-    if body.event_type == _MODEL_REQUEST and AGENT_SCOPE_KEY in request.scope:
+    if body.event_type == MODEL_REQUEST and AGENT_SCOPE_KEY in request.scope:
         return json_response(
             dump_json(
                 {"detail": "agent tokens may not post model_request events; only the proxy writes them"}

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from keraunos.gateway.proxy.shaping import Sampling
 from keraunos.gateway.proxy.upstream import Answer
-from keraunos.ledger import WireCall
+from keraunos.ledger import WireCall, read_json
 from keraunos.protocol import Model
-
-MODEL_REQUEST = "model_request"
 
 #: `status` of a call the agent left before it ended (keraunos extension of PROTOCOL.md's ok/error).
 CLIENT_DISCONNECTED = "client_disconnected"
@@ -110,15 +105,6 @@ def loads(raw: bytes) -> Any:
     upstream's own, so only the record could differ.
     """
     return read_json(raw)[0]
-
-
-def read_json(raw: bytes) -> tuple[Any, bool]:
-    """`loads(raw)`, and whether orjson read it: then what orjson writes of the value reads back
-    equal to it (NaN and Infinity, which only the stdlib reads, orjson writes as null)."""
-    try:
-        return orjson.loads(raw), True
-    except orjson.JSONDecodeError:
-        return json.loads(raw), False
 
 
 def _not_json(body: bytes) -> dict[str, Any]:

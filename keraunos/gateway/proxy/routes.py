@@ -29,10 +29,8 @@ from keraunos.gateway.api._common import LeanRoute, _raw_body, dump_json, id_che
 from keraunos.gateway.proxy.disconnect import DisconnectWatch
 from keraunos.gateway.proxy.record import (
     CLIENT_DISCONNECTED,
-    MODEL_REQUEST,
     call_data,
     model_request_data,
-    read_json,
 )
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.state import ProxyState
@@ -47,9 +45,9 @@ from keraunos.gateway.proxy.stream import (
 )
 from keraunos.gateway.proxy.upstream import Answer, Failure, Opened, Progress, call_upstream, describe
 from keraunos.gateway.replicas import NotAcknowledged
-from keraunos.ledger import WireCall
+from keraunos.ledger import WireCall, read_json
 from keraunos.ledger.errors import LedgerUnavailable, RolloutNotFound
-from keraunos.protocol import Model
+from keraunos.protocol import MODEL_REQUEST, Model
 
 log = structlog.get_logger("keraunos.gateway.proxy")
 
