@@ -141,7 +141,7 @@ class ServerKeyAuth:
             superseded = await self._superseded(claims)
         except LedgerUnavailable as exc:
             log.error("ledger unavailable", path=scope["path"], error=str(exc))
-            await _answer(send, 503, f"Ledger unavailable, nothing was stored: {exc}. Retry later.")
+            await _answer(send, 503, f"Ledger unavailable: {exc}. Retry later.")
             return
         if superseded is not None:
             await _answer(send, 409, f"attempt superseded: {superseded}")

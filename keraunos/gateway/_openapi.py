@@ -108,4 +108,4 @@ def _complete_operation(path: str, method: str, operation: dict[str, Any], *, au
     if path == "/api/rollouts/{rollout_id}" and method == "patch":
         error("409", "The state machine forbids this transition")
     if path != "/api/info":
-        error("503", "The ledger could not commit; nothing was stored")
+        error("503", "The ledger is unavailable (cannot commit, or cannot be reached); retry later")

@@ -154,4 +154,4 @@ async def _conflict(request: Request, exc: Exception) -> Response:
 
 async def _unavailable(request: Request, exc: Exception) -> Response:
     log.error("ledger unavailable", method=request.method, path=request.url.path, error=str(exc))
-    return _detail(503, f"Ledger unavailable, nothing was stored: {exc}. Retry later.")
+    return _detail(503, f"Ledger unavailable: {exc}. Retry later.")

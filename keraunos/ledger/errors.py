@@ -12,7 +12,10 @@ class LedgerLocked(LedgerError):
 
 
 class LedgerUnavailable(LedgerError):
-    """A write could not be committed (disk full, I/O error, closed ledger): nothing was stored."""
+    """The ledger cannot serve the request: a write could not be committed (disk full, I/O error,
+    closed ledger), or the database cannot be reached. SQLite rolls such a write back, so nothing of
+    it was stored; with PostgreSQL, a connection lost while COMMIT was under way leaves the outcome
+    unknown, which is why the gateway's 503 never claims that nothing was stored."""
 
 
 class RolloutNotFound(LedgerError):

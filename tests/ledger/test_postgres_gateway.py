@@ -48,7 +48,7 @@ def test_a_missing_database_is_named_in_the_error(cli: Cli, postgres: PostgresSe
 
 
 def test_a_lost_database_answers_503_promptly(gateway_factory: Any, pg_own_server: PostgresServer) -> None:
-    """Never a hang: within the pool's time limits the caller hears that nothing was stored.
+    """Never a hang: within the pool's time limits the caller hears that the ledger is unavailable.
     (That service resumes when the server is back is shown on the ledger, in test_postgres.py.)"""
     gateway = gateway_factory(
         db=pg_own_server.create_database(), args=("--db-timeout-s", "2", "--db-command-timeout-s", "3")
