@@ -106,7 +106,7 @@ def demo(config: DemoConfig, say: Callable[[str], None]) -> dict[str, Any]:
         root = cache_root(config.cache_dir, os.environ)
         say(f"model: the tiny calc model, recipe {recipe.digest()}, cache {root / 'demo'}")
         with _bar("warm start", recipe.sft_steps, enabled=config.progress) as on_step:
-            result = prepare_model(recipe, root, torch_threads=config.torch_threads, on_step=on_step)
+            result = prepare_model(recipe, root, torch_threads=config.prepare_threads, on_step=on_step)
         model = str(result.path)
         if result.built:
             say(

@@ -65,6 +65,12 @@ class DemoConfig(LayeredSettings):
         description="torch intra-op threads of the trainer and the model server (0: torch's default). "
         "One leaves the other core to the agents and the gateway.",
     )
+    prepare_threads: int = Field(
+        default=0,
+        ge=0,
+        description="torch intra-op threads of the warm start (0: torch's default, every core; "
+        "nothing else runs while the model is prepared). The prepared model is the same either way.",
+    )
     progress: bool = Field(default=True, description="Show progress bars and a line per step.")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         default="warning", description="Least severe log level written to stderr."

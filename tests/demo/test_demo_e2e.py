@@ -130,6 +130,19 @@ def test_the_model_is_prepared_once_into_the_cache_and_then_found_there(
     assert [p.name for p in built.path.parent.iterdir()] == [built.path.name]  # no temporary build left
 
 
+def test_the_prepared_model_is_the_same_on_one_thread_and_on_two(tmp_path: Path) -> None:
+    """The warm start runs on every core by default (`--prepare-threads 0`); the cache entry's name
+    leaves the thread count out, so the weights must not depend on it."""
+    from keraunos.demo.prepare import prepare_model
+
+    recipe = shrunk_recipe().model_copy(update={"sft_steps": 24})
+    one = prepare_model(recipe, tmp_path / "one", torch_threads=1)
+    two = prepare_model(recipe, tmp_path / "two", torch_threads=2)
+    assert one.sft_loss == two.sft_loss
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (one.path / name).read_bytes() == (two.path / name).read_bytes(), name
+
+
 def test_the_demo_reuses_the_cached_model_and_skips_its_preparation(
     first: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
