@@ -98,7 +98,13 @@ async def _serve(config: GatewayConfig) -> int:
             acquire_timeout_s=config.db_timeout_s,
             command_timeout_s=config.db_command_timeout_s,
         )
-        ledger = open_ledger(config.db, durability=config.durability, pool=pool)
+        ledger = open_ledger(
+            config.db,
+            durability=config.durability,
+            pool=pool,
+            compact_batch=config.compact_batch,
+            compact_delay_s=config.compact_delay_s,
+        )
         await ledger.open()
     except LedgerError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -76,6 +76,18 @@ class GatewayConfig(LayeredSettings):
         description="'normal': an acknowledged write survives a crash of the gateway (kill -9); "
         "'full': it also survives power loss, at a latency cost.",
     )
+    compact_batch: int = Field(
+        default=32,
+        ge=1,
+        description="SQLite ledger: model calls committed as they went over the wire are rewritten "
+        "into the compact form this many per transaction, off the agents' path.",
+    )
+    compact_delay_s: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="SQLite ledger: how long the first such call waits for the batch to fill before "
+        "it is rewritten anyway, in seconds.",
+    )
     max_body_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,

@@ -21,20 +21,31 @@ _SQLITE_URL = "sqlite:///"
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://", "postgresql+")
 
 
-def open_ledger(db: str, *, durability: Durability = "normal", pool: PoolSettings | None = None) -> Ledger:
+def open_ledger(
+    db: str,
+    *,
+    durability: Durability = "normal",
+    pool: PoolSettings | None = None,
+    compact_batch: int = 32,
+    compact_delay_s: float = 0.1,
+) -> Ledger:
     """The ledger `db` names, not yet opened (call `open()` or use `async with`).
 
     `db` is a file path or a `sqlite:///path` URL (SQLAlchemy's spelling: `sqlite:////abs/path`
     for an absolute path) for SQLite, or a `postgresql://user:password@host:port/database` URL
     (also `postgres://`, and SQLAlchemy's `postgresql+driver://`) for PostgreSQL, whose connection
-    pool `pool` sizes. `durability` applies to SQLite; PostgreSQL commits as its server is set up.
+    pool `pool` sizes. `durability` and the compaction of wire-form model calls (`compact_batch`
+    rows per transaction, `compact_delay_s` after the first) apply to SQLite; PostgreSQL commits as
+    its server is set up and stores every call compact at once.
     """
     if db.startswith(_POSTGRES_SCHEMES):
         return PostgresLedger(postgres_dsn(db), pool=pool)
     path = db[len(_SQLITE_URL) :] if db.startswith(_SQLITE_URL) else db
     if not path or "://" in path:
         raise LedgerError(f"cannot open ledger {db!r}: give a file path or a sqlite:///path URL")
-    return SqliteLedger(path, durability=durability)
+    return SqliteLedger(
+        path, durability=durability, compact_batch=compact_batch, compact_delay_s=compact_delay_s
+    )
 
 
 def postgres_dsn(db: str) -> str:
