@@ -1,35 +1,20 @@
-"""Events as the SQLite ledger stores them: encoded with the codec, chained per attempt.
+"""The SQLite writer's memory of each attempt's last call, for encoding the next one against it.
 
 A `model_request` is encoded against the previous `model_request` of the same (rollout, attempt)
 in arrival order, so a call whose prompt extends the last one stores only what is new. The writer
 keeps the last call context of recent attempts in a `ContextCache`; on a miss the codec stores the
-call in full, which costs space but never correctness. Readers walk an attempt's rows in order and
-thread the context through every `model_request`. A row may also be in wire form for a while
-(`keraunos.ledger._wire`): it decodes on its own, and no row extends it.
+call in full, which costs space but never correctness. Readers (`keraunos.ledger._event_rows`)
+walk an attempt's rows in order and thread the context through every `model_request`. A row may
+also be in wire form for a while (`keraunos.ledger._wire`): it decodes on its own, and no row
+extends it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from keraunos.ledger._codec import (
-    CallContext,
-    decode_json,
-    decode_model_request,
-    decode_model_request_triplet,
-)
-from keraunos.ledger._triplet import dedupe_model_requests, trim_model_request, trim_reward
-from keraunos.ledger._wire import decode_wire, is_wire
-from keraunos.ledger.base import EventDict
-from keraunos.protocol import MODEL_REQUEST
-
-REWARD = "reward"
-
-#: (event_type, timestamp, data blob) of one stored event, in arrival order.
-EventRow = tuple[str, float, bytes]
+from keraunos.ledger._codec import CallContext
 
 
 class ContextCache:
@@ -129,56 +114,3 @@ class _Chain:
     last_row: int = -1  # id of the attempt's last model_request row (-1: none seen)
     ctx_row: int = -1  # id of the row `ctx` belongs to
     ctx: CallContext | None = None
-
-
-def decode_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
-    """One attempt's events exactly as they were written."""
-    ctx: CallContext | None = None
-    out: list[EventDict] = []
-    for event_type, timestamp, blob in rows:
-        data: dict[str, Any]
-        if event_type == MODEL_REQUEST:
-            data, ctx = _decode_call(blob, ctx)
-        else:
-            data = decode_json(blob)
-        out.append(_event(event_type, rollout_id, attempt_id, timestamp, data))
-    return out
-
-
-def decode_triplet_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
-    """One attempt's events in the trimmed `format=triplet` shape of PROTOCOL.md."""
-    ctx: CallContext | None = None
-    out: list[EventDict] = []
-    for event_type, timestamp, blob in rows:
-        data: dict[str, Any]
-        if event_type == MODEL_REQUEST:
-            data, ctx = _decode_call_triplet(blob, ctx)
-        elif event_type == REWARD:
-            data = trim_reward(decode_json(blob))
-        else:
-            data = decode_json(blob)
-        out.append(_event(event_type, rollout_id, attempt_id, timestamp, data))
-    return dedupe_model_requests(out)
-
-
-def _decode_call(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:
-    # No later row extends a row still in wire form (see `ContextCache`): the chain restarts.
-    if is_wire(blob):
-        return decode_wire(blob), None
-    return decode_model_request(blob, ctx)
-
-
-def _decode_call_triplet(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:
-    if is_wire(blob):
-        return trim_model_request(decode_wire(blob)), None
-    return decode_model_request_triplet(blob, ctx)
-
-
-def _event(event_type: str, rollout_id: str, attempt_id: str, timestamp: float, data: dict[str, Any]):
-    return {
-        "event_type": event_type,
-        "rollout_id": rollout_id,
-        "attempt_id": attempt_id,
-        "timestamp": timestamp,
-        "data": data,
-    }

@@ -32,6 +32,7 @@ import asyncpg
 
 from keraunos.ledger import _pg_attempts as attempts
 from keraunos.ledger._codec import encode_json
+from keraunos.ledger._event_rows import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger._pg_events import ChainCache, append_call
 from keraunos.ledger._pg_pool import Pool, PoolSettings, row_count
 from keraunos.ledger._pg_schema import migrate
@@ -45,7 +46,6 @@ from keraunos.ledger._rows import (
     rollout_from_row,
     transition_sources,
 )
-from keraunos.ledger._sqlite_events import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger.base import AttemptLog, Claim, EventDict, Ledger
 from keraunos.ledger.errors import (
     AttemptConflict,

@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 
 from keraunos.ledger import _sqlite_attempts as attempts
 from keraunos.ledger._codec import encode_json, encode_model_request
+from keraunos.ledger._event_rows import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger._rows import (
     PATCHABLE,
     ROLLOUT_COLUMNS,
@@ -42,12 +43,7 @@ from keraunos.ledger._rows import (
 )
 from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
 from keraunos.ledger._sqlite_compaction import Compactor, WireRow
-from keraunos.ledger._sqlite_events import (
-    ContextCache,
-    EventRow,
-    decode_events,
-    decode_triplet_events,
-)
+from keraunos.ledger._sqlite_events import ContextCache
 from keraunos.ledger._sqlite_lock import FileLock
 from keraunos.ledger._sqlite_schema import migrate
 from keraunos.ledger._sqlite_writer import GroupCommitWriter

@@ -1,0 +1,81 @@
+"""Stored event rows read back into events, the same for both backends.
+
+A `model_request` is stored encoded against the previous `model_request` of its (rollout, attempt)
+in arrival order (`keraunos.ledger._codec`), so readers walk an attempt's rows in order and thread
+the call context through every `model_request`. A row may also be in wire form for a while
+(`keraunos.ledger._wire`, SQLite only): it decodes on its own, and no row extends it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from keraunos.ledger._codec import (
+    CallContext,
+    decode_json,
+    decode_model_request,
+    decode_model_request_triplet,
+)
+from keraunos.ledger._triplet import dedupe_model_requests, trim_model_request, trim_reward
+from keraunos.ledger._wire import decode_wire, is_wire
+from keraunos.ledger.base import EventDict
+from keraunos.protocol import MODEL_REQUEST
+
+REWARD = "reward"
+
+#: (event_type, timestamp, data blob) of one stored event, in arrival order.
+EventRow = tuple[str, float, bytes]
+
+
+def decode_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
+    """One attempt's events exactly as they were written."""
+    ctx: CallContext | None = None
+    out: list[EventDict] = []
+    for event_type, timestamp, blob in rows:
+        data: dict[str, Any]
+        if event_type == MODEL_REQUEST:
+            data, ctx = _decode_call(blob, ctx)
+        else:
+            data = decode_json(blob)
+        out.append(_event(event_type, rollout_id, attempt_id, timestamp, data))
+    return out
+
+
+def decode_triplet_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
+    """One attempt's events in the trimmed `format=triplet` shape of PROTOCOL.md."""
+    ctx: CallContext | None = None
+    out: list[EventDict] = []
+    for event_type, timestamp, blob in rows:
+        data: dict[str, Any]
+        if event_type == MODEL_REQUEST:
+            data, ctx = _decode_call_triplet(blob, ctx)
+        elif event_type == REWARD:
+            data = trim_reward(decode_json(blob))
+        else:
+            data = decode_json(blob)
+        out.append(_event(event_type, rollout_id, attempt_id, timestamp, data))
+    return dedupe_model_requests(out)
+
+
+def _decode_call(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:
+    # No later row extends a row still in wire form (see `ContextCache`): the chain restarts.
+    if is_wire(blob):
+        return decode_wire(blob), None
+    return decode_model_request(blob, ctx)
+
+
+def _decode_call_triplet(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:
+    if is_wire(blob):
+        return trim_model_request(decode_wire(blob)), None
+    return decode_model_request_triplet(blob, ctx)
+
+
+def _event(event_type: str, rollout_id: str, attempt_id: str, timestamp: float, data: dict[str, Any]):
+    return {
+        "event_type": event_type,
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+        "timestamp": timestamp,
+        "data": data,
+    }
