@@ -14,7 +14,6 @@ probabilities are a pure function of the token id, so a streamed and a non-strea
 
 from __future__ import annotations
 
-import math
 import random
 import zlib
 from typing import Any
@@ -25,8 +24,6 @@ import orjson
 #: Role marker ids count back from the end of the vocabulary, in this order; unknown roles get "other".
 ROLES = ("system", "user", "assistant", "tool", "developer", "function", "other")
 N_SPECIAL = 8
-#: The most alternatives a request may ask for (vLLM's default --max-logprobs).
-MAX_LOGPROBS = 20
 _CACHE_LIMIT = 1 << 18
 #: Memory the log-probability JSON caches may use per number of alternatives; once full, a cache keeps
 #: what it has (a stable warm set beats evicting under uniformly random token ids).
@@ -247,12 +244,3 @@ def _message_text(message: dict[str, Any], position: int) -> str:
             if isinstance(function, dict):
                 text += f" {function.get('name', '')} {function.get('arguments', '')}"
     return text
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_finite_number(value: Any) -> bool:
-    """True for an int or a finite float (not a bool)."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)

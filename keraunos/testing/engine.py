@@ -30,9 +30,16 @@ from typing import Any
 
 import orjson
 
+from keraunos.serving.requests import (
+    RequestError,
+    int_field,
+    is_finite_number,
+    max_tokens_of,
+    output_options,
+)
 from keraunos.testing._engine_config import EngineConfig, EngineConfigError
 from keraunos.testing._engine_faults import FaultPlan, FaultSpecError, fault_from_json, parse_schedule
-from keraunos.testing._engine_tokens import MAX_LOGPROBS, PromptError, Tokenizer, is_finite_number
+from keraunos.testing._engine_tokens import PromptError, Tokenizer
 
 __all__ = ["EngineApp", "EngineConfig", "EngineConfigError", "create_engine_app", "serve_engine"]
 
@@ -63,15 +70,6 @@ _CHAT_MESSAGE_EXTRAS = {
     "tool_calls": [],
     "reasoning_content": None,
 }
-
-
-class _RequestError(Exception):
-    """A request the engine refuses, with its HTTP status (vLLM's error body is built from it)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class _Stats:
@@ -222,7 +220,7 @@ class EngineApp:
                 return
         try:
             generation = self._parse(body, chat=chat)
-        except _RequestError as exc:
+        except RequestError as exc:
             await self._send_error(send, exc.status, exc.message)
             return
         die_after = fault.die_after_chunks if fault is not None else None
@@ -250,80 +248,43 @@ class EngineApp:
     def _parse(self, body: Any, *, chat: bool) -> _Generation:
         """Validate a request body as vLLM would (400 for bad values, 404 for an unknown model)."""
         if not isinstance(body, dict):
-            raise _RequestError(400, "The request body must be a JSON object")
+            raise RequestError(400, "The request body must be a JSON object")
         gen = _Generation()
         model = body.get("model")
         if model is None:
             model = self.model_names[0]
         elif model not in self.model_names:
-            raise _RequestError(404, f"The model `{model}` does not exist.")
+            raise RequestError(404, f"The model `{model}` does not exist.")
         gen.model = model
         try:
             if chat:
                 gen.prompts = [self.tokenizer.chat_prompt(body.get("messages"))]
             else:
                 if "prompt" not in body:
-                    raise _RequestError(400, "Field required: 'prompt'")
+                    raise RequestError(400, "Field required: 'prompt'")
                 gen.prompts = self.tokenizer.completion_prompts(body["prompt"])
         except PromptError as exc:
-            raise _RequestError(400, str(exc)) from None
-        gen.n = _int_field(body, "n", 1, low=1, high=1024)
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        if max_tokens is None:
-            max_tokens = body.get("max_tokens")
-        longest = max(len(p) for p in gen.prompts)
-        room = self.config.max_model_len - longest
-        if room < 1:
-            raise _RequestError(
-                400,
-                f"This model's maximum context length is {self.config.max_model_len} tokens. "
-                f"However, your request has {longest} input tokens. Please reduce the length of "
-                "the input messages.",
-            )
-        if max_tokens is None:
-            gen.max_tokens = min(self.config.default_max_tokens, room)
-        else:
-            gen.max_tokens = _int_field({"max_tokens": max_tokens}, "max_tokens", 0, low=1)
-            if gen.max_tokens > room:
-                raise _RequestError(
-                    400,
-                    f"This model's maximum context length is {self.config.max_model_len} tokens. "
-                    f"However, you requested {longest + gen.max_tokens} tokens ({longest} in the "
-                    f"messages, {gen.max_tokens} in the completion). Please reduce the length of "
-                    "the messages or completion.",
-                )
-        gen.min_tokens = _int_field(body, "min_tokens", 0, low=0)
-        ignore_eos = body.get("ignore_eos", False)
-        gen.ignore_eos = bool(ignore_eos)
+            raise RequestError(400, str(exc)) from None
+        gen.n = int_field(body, "n", 1, low=1, high=1024)
+        gen.max_tokens = max_tokens_of(
+            body,
+            chat=chat,
+            longest=max(len(p) for p in gen.prompts),
+            max_model_len=self.config.max_model_len,
+            default=self.config.default_max_tokens,
+        )
+        gen.min_tokens = int_field(body, "min_tokens", 0, low=0)
+        gen.ignore_eos = bool(body.get("ignore_eos", False))
         temperature = body.get("temperature")
         if temperature is not None and (not is_finite_number(temperature) or temperature < 0):
-            raise _RequestError(400, f"temperature must be a number >= 0, got {temperature!r}")
+            raise RequestError(400, f"temperature must be a number >= 0, got {temperature!r}")
         gen.temperature = temperature
-        seed = body.get("seed")
-        if seed is not None and not _is_int(seed):
-            raise _RequestError(400, f"seed must be an integer, got {seed!r}")
-        gen.seed = seed
-        gen.stream = bool(body.get("stream", False))
-        options = body.get("stream_options")
-        if options is not None:
-            if not gen.stream:
-                raise _RequestError(400, "Stream options can only be defined when `stream=True`.")
-            if not isinstance(options, dict):
-                raise _RequestError(400, "stream_options must be an object")
-            gen.include_usage = bool(options.get("include_usage", False))
-        gen.return_ids = bool(body.get("return_token_ids", False))
-        if chat:
-            top = body.get("top_logprobs")
-            if top is not None:
-                top = _int_field(body, "top_logprobs", 0, low=0, high=MAX_LOGPROBS)
-                if not body.get("logprobs"):
-                    raise _RequestError(400, "when using `top_logprobs`, `logprobs` must be set to true.")
-            gen.logprobs = (top or 0) if body.get("logprobs") else None
-        else:
-            if body.get("echo"):
-                raise _RequestError(400, "echo is not supported by the keraunos engine stand-in")
-            if body.get("logprobs") is not None:
-                gen.logprobs = _int_field(body, "logprobs", 0, low=0, high=MAX_LOGPROBS)
+        options = output_options(body, chat=chat, server="keraunos engine stand-in")
+        gen.seed = options.seed
+        gen.stream = options.stream
+        gen.include_usage = options.include_usage
+        gen.return_ids = options.return_token_ids
+        gen.logprobs = options.logprobs
         return gen
 
     def _sample_all(self, gen: _Generation) -> list[tuple[list[int], str]]:
@@ -698,17 +659,3 @@ async def _lifespan(receive: Any, send: Any) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_field(body: dict[str, Any], name: str, default: int, *, low: int, high: int | None = None) -> int:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not _is_int(value) or value < low or (high is not None and value > high):
-        bound = f"in {low}..{high}" if high is not None else f">= {low}"
-        raise _RequestError(400, f"{name} must be an integer {bound}, got {value!r}")
-    return value
