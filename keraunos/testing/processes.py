@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,42 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 #: Server key of the gateways started here unless told otherwise.
 TEST_KEY = "test-key-0123456789"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll `predicate` until it returns something truthy, and return that; raise AssertionError
+    naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class RunningProcess:
+    """A keraunos process a test started (a controller, say), and the file its output goes to."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, grace: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after `grace` seconds; the exit status."""
+        return stop_process(self.process, grace)
+
+    def kill(self) -> None:
+        """`kill -9`: no chance to clean up anything."""
+        kill_process(self.process)
+
+    def wait_exit(self, timeout: float) -> int:
+        """The exit status of a process expected to stop by itself."""
+        return self.process.wait(timeout)
 
 
 @dataclass

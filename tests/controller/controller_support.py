@@ -17,10 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from keraunos._subprocess import kill_process, stop_process
-from keraunos.testing.processes import SERVED_MODEL, Gateway, clean_env, keraunos_command
+from keraunos.testing.processes import (
+    SERVED_MODEL,
+    Gateway,
+    RunningProcess,
+    clean_env,
+    keraunos_command,
+    wait_for,
+)
 
 AGENTS_DIR = Path(__file__).resolve().parent / "agents"
 
@@ -38,37 +43,12 @@ GATEWAY_ARGS = (
 FAST_ARGS = ("--poll-interval-s", "0.1", "--lease-s", "10", "--grace-s", "0.5")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 @dataclass
-class Controller:
+class Controller(RunningProcess):
     """A running `keraunos controller` process."""
 
-    process: subprocess.Popen[bytes]
-    log_path: Path
     state_dir: Path
     log_dir: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM, then SIGKILL after `grace` seconds; the exit status."""
-        return stop_process(self.process, grace)
-
-    def kill(self) -> None:
-        """`kill -9`: the controller gets no chance to stop its agents."""
-        kill_process(self.process)
 
 
 StartController = Callable[..., Controller]

@@ -11,16 +11,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from keraunos._subprocess import kill_process, stop_process
 from keraunos.testing.kube import KubeStandIn
-from keraunos.testing.processes import SERVED_MODEL, Gateway, clean_env, keraunos_command
+from keraunos.testing.processes import (
+    SERVED_MODEL,
+    Gateway,
+    RunningProcess,
+    clean_env,
+    keraunos_command,
+    wait_for,
+)
 
 AGENTS_DIR = Path(__file__).resolve().parent / "agents"
 
@@ -59,18 +63,6 @@ spec:
 """
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 @dataclass
 class K8sEnv:
     """A gateway (engine stand-in behind it) and a Kubernetes stand-in, shared by the tests."""
@@ -82,28 +74,11 @@ class K8sEnv:
 
 
 @dataclass
-class Controller:
+class Controller(RunningProcess):
     """A running `keraunos controller --runner k8s`."""
 
-    process: subprocess.Popen[bytes]
-    log_path: Path
     log_dir: Path
     instance: str
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM, then SIGKILL after `grace` seconds; the exit status."""
-        return stop_process(self.process, grace)
-
-    def kill(self) -> None:
-        """`kill -9`: no chance to delete Jobs or report attempts."""
-        kill_process(self.process)
-
-    def wait_exit(self, timeout: float) -> int:
-        """The exit status of a controller expected to stop by itself."""
-        return self.process.wait(timeout)
 
 
 def start_controller(
