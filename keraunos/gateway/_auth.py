@@ -154,20 +154,18 @@ class ServerKeyAuth:
 
         An unknown rollout is not fenced here: the route answers 404 as for the server key.
         """
-        rollout = await self._ledger.get_rollout(claims.rollout_id)
-        if rollout is None:
+        fence = await self._ledger.attempt_fence(claims.rollout_id, claims.attempt_id)
+        if fence is None:
             return None
-        status = rollout.status
-        if status.state in TERMINAL_STATES:
-            return f"rollout {claims.rollout_id!r} is {status.state.value}; start a new rollout"
-        current = status.last_attempt_id
+        if fence.rollout_state in TERMINAL_STATES:
+            return f"rollout {claims.rollout_id!r} is {fence.rollout_state.value}; start a new rollout"
+        current = fence.last_attempt_id
         if current is not None and current != claims.attempt_id:
             return (
                 f"attempt {claims.attempt_id!r} of rollout {claims.rollout_id!r} was replaced by "
                 f"attempt {current!r}; this agent should stop"
             )
-        attempt = await self._ledger.get_attempt(claims.rollout_id, claims.attempt_id)
-        if attempt is not None and attempt.state is not AttemptState.RUNNING:
+        if fence.attempt_state not in (None, AttemptState.RUNNING):
             # A claimed attempt that ended (finished, lost, cancelled) stays fenced while the
             # rollout waits for its retry.
             return f"attempt {claims.attempt_id!r} of rollout {claims.rollout_id!r} has ended; this agent should stop"

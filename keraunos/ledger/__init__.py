@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 from keraunos.ledger._pg_pool import PoolSettings
 from keraunos.ledger._wire import WireCall, read_json
-from keraunos.ledger.base import EventDict, Ledger
+from keraunos.ledger.base import AttemptFence, EventDict, Ledger
 from keraunos.ledger.errors import (
     InvalidTransition,
     LedgerError,
@@ -64,6 +64,7 @@ def postgres_dsn(db: str) -> str:
 
 
 __all__ = [
+    "AttemptFence",
     "Durability",
     "EventDict",
     "InvalidTransition",

@@ -15,7 +15,9 @@ from typing import Any
 import orjson
 
 from keraunos.ledger._codec import decode_json, encode_json
+from keraunos.ledger.base import AttemptFence
 from keraunos.protocol import (
+    AttemptState,
     Rollout,
     RolloutConfig,
     RolloutCreate,
@@ -29,6 +31,13 @@ from keraunos.protocol import (
 ROLLOUT_COLUMNS = (
     "rollout_id, input, is_train, config, metadata, state, k8s_job_name, last_attempt_id, "
     "error_message, version, created_at, updated_at"
+)
+
+#: An attempt's fence in one query; format it with the placeholders of the attempt id, then of the
+#: rollout id. No attempt row (a v1.0 client's own attempt id) leaves the attempt's state null.
+FENCE_QUERY = (
+    "SELECT r.state, r.last_attempt_id, a.state FROM rollouts r "
+    "LEFT JOIN attempts a ON a.rollout = r.id AND a.attempt_id = {0} WHERE r.rollout_id = {1}"
 )
 
 #: Status fields a patch may set besides `state`.
@@ -140,4 +149,14 @@ def rollout_from_row(row: Any) -> Rollout:
                 "updated_at": row[11],
             },
         }
+    )
+
+
+def fence_from_row(row: Any) -> AttemptFence:
+    """An `AttemptFence` from a row of `FENCE_QUERY`."""
+    rollout_state, last_attempt_id, attempt_state = row
+    return AttemptFence(
+        RolloutState(rollout_state),
+        last_attempt_id,
+        None if attempt_state is None else AttemptState(attempt_state),
     )

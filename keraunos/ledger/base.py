@@ -17,6 +17,7 @@ from keraunos.protocol import (
     MODEL_REQUEST,
     AttemptDetail,
     AttemptOutcome,
+    AttemptState,
     Model,
     Rollout,
     RolloutCreate,
@@ -44,6 +45,16 @@ class AttemptLog:
     text: bytes
     truncated_bytes: int
     updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFence:
+    """What decides whether an attempt's agent may still write: its rollout's state and latest
+    attempt, and the attempt's own state (None for an attempt without a record)."""
+
+    rollout_state: RolloutState
+    last_attempt_id: str | None
+    attempt_state: AttemptState | None
 
 
 class Ledger(abc.ABC):
@@ -179,6 +190,18 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> AttemptDetail | None:
         """One claimed attempt, or None (attempts a v1.0 client named itself have no record)."""
+
+    async def attempt_fence(self, rollout_id: str, attempt_id: str) -> AttemptFence | None:
+        """The fence of one attempt (checked on every request made with an agent token), or None
+        when the rollout does not exist. Backends answer it in one query; this default reads the
+        rollout, then the attempt."""
+        rollout = await self.get_rollout(rollout_id)
+        if rollout is None:
+            return None
+        attempt = await self.get_attempt(rollout_id, attempt_id)
+        return AttemptFence(
+            rollout.status.state, rollout.status.last_attempt_id, None if attempt is None else attempt.state
+        )
 
     @abc.abstractmethod
     async def put_attempt_log(

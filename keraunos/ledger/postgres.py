@@ -37,16 +37,18 @@ from keraunos.ledger._pg_events import ChainCache, append_call
 from keraunos.ledger._pg_pool import Pool, PoolSettings, row_count
 from keraunos.ledger._pg_schema import migrate
 from keraunos.ledger._rows import (
+    FENCE_QUERY,
     PATCHABLE,
     ROLLOUT_COLUMNS,
     created_rollout,
+    fence_from_row,
     fresh_rollout_id,
     group_id_of,
     insert_values,
     rollout_from_row,
     transition_sources,
 )
-from keraunos.ledger.base import AttemptLog, Claim, EventDict, Ledger
+from keraunos.ledger.base import AttemptFence, AttemptLog, Claim, EventDict, Ledger
 from keraunos.ledger.errors import (
     AttemptConflict,
     InvalidTransition,
@@ -68,6 +70,7 @@ from keraunos.protocol import (
 )
 
 _SELECT_ROLLOUT = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1"
+_SELECT_FENCE = FENCE_QUERY.format("$1", "$2")
 # Rows are inserted in item order (WITH ORDINALITY), so creation order is item order; an id that
 # exists already, or repeats an earlier item of the call, inserts nothing and returns no `ord`.
 _INSERT_ROLLOUTS = """
@@ -342,6 +345,10 @@ class PostgresLedger(Ledger):
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> AttemptDetail | None:
         return await self._pool.run(lambda conn: attempts.get_attempt(conn, rollout_id, attempt_id))
+
+    async def attempt_fence(self, rollout_id: str, attempt_id: str) -> AttemptFence | None:
+        row = await self._pool.fetchrow(_SELECT_FENCE, attempt_id, rollout_id)
+        return None if row is None else fence_from_row(tuple(row))
 
     async def put_attempt_log(
         self, rollout_id: str, attempt_id: str, text: bytes, truncated_bytes: int, now: float

@@ -34,9 +34,11 @@ from keraunos.ledger import _sqlite_attempts as attempts
 from keraunos.ledger._codec import encode_json, encode_model_request
 from keraunos.ledger._event_rows import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger._rows import (
+    FENCE_QUERY,
     PATCHABLE,
     ROLLOUT_COLUMNS,
     created_rollout,
+    fence_from_row,
     fresh_rollout_id,
     insert_values,
     transition_sources,
@@ -48,7 +50,7 @@ from keraunos.ledger._sqlite_lock import FileLock
 from keraunos.ledger._sqlite_schema import migrate
 from keraunos.ledger._sqlite_writer import GroupCommitWriter
 from keraunos.ledger._wire import WireCall, encode_wire
-from keraunos.ledger.base import AttemptLog, Claim, EventDict, Ledger
+from keraunos.ledger.base import AttemptFence, AttemptLog, Claim, EventDict, Ledger
 from keraunos.ledger.errors import (
     AttemptConflict,
     InvalidTransition,
@@ -78,6 +80,7 @@ _BUSY_TIMEOUT_MS = 10_000
 
 _ROLLOUT_COLUMNS = ROLLOUT_COLUMNS
 _SELECT_ROLLOUT = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?"
+_SELECT_FENCE = FENCE_QUERY.format("?", "?")
 _SELECT_ROLLOUTS_IN_STATE = f"SELECT id, {_ROLLOUT_COLUMNS} FROM rollouts WHERE state = ? ORDER BY id LIMIT ?"
 _INSERT_ROLLOUT = (
     "INSERT INTO rollouts (rollout_id, input, is_train, config, metadata, data_id, state, version, "
@@ -429,6 +432,10 @@ class SqliteLedger(Ledger):
 
     async def get_attempt(self, rollout_id: str, attempt_id: str) -> AttemptDetail | None:
         return attempts.get_attempt(self._inline_conn(), rollout_id, attempt_id)
+
+    async def attempt_fence(self, rollout_id: str, attempt_id: str) -> AttemptFence | None:
+        row = self._inline_conn().execute(_SELECT_FENCE, (attempt_id, rollout_id)).fetchone()
+        return None if row is None else fence_from_row(row)
 
     async def put_attempt_log(
         self, rollout_id: str, attempt_id: str, text: bytes, truncated_bytes: int, now: float

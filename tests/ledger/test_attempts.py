@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keraunos.ledger import InvalidTransition, Ledger, RolloutNotFound, SqliteLedger
+from keraunos.ledger import AttemptFence, InvalidTransition, Ledger, RolloutNotFound, SqliteLedger
 from keraunos.ledger._codec import encode_json
 from keraunos.ledger._sqlite_schema import LATEST_VERSION, MIGRATIONS
 from keraunos.ledger.errors import AttemptConflict, AttemptNotFound
@@ -149,6 +149,31 @@ async def test_a_heartbeat_after_the_lease_expired_is_refused_and_the_attempt_is
     assert (attempt.state, attempt.outcome, attempt.ended_at) == (AttemptState.FINISHED, LOST, 40.0)
     rollout = await ledger.get_rollout("r")
     assert rollout is not None and rollout.status.state == RolloutState.FAILED
+
+
+# -- fences ------------------------------------------------------------------------------------------
+
+
+async def test_an_attempt_fence_is_the_rollout_and_the_attempt_read_in_one_query(ledger: Ledger) -> None:
+    """`attempt_fence` (one query in each backend) answers what `get_rollout` and `get_attempt` do."""
+
+    async def fence(rid: str, aid: str) -> AttemptFence | None:
+        answer = await ledger.attempt_fence(rid, aid)
+        assert answer == await Ledger.attempt_fence(ledger, rid, aid)  # the two-read default
+        return answer
+
+    assert await fence("nope", "1") is None
+    await make(ledger, "r", max_attempts=2)
+    assert await fence("r", "1") == AttemptFence(RolloutState.QUEUING, None, None)
+    await claim_ids(ledger, 1, now=10.0)
+    assert await fence("r", "1") == AttemptFence(RolloutState.RUNNING, "1", AttemptState.RUNNING)
+    assert await fence("r", "0") == AttemptFence(RolloutState.RUNNING, "1", None)  # no such record
+    await finish(ledger, "r", "1", FAILED, now=12.0)
+    # Ended, while its rollout waits for the retry (still running: no new attempt yet).
+    assert await fence("r", "1") == AttemptFence(RolloutState.RUNNING, "1", AttemptState.FINISHED)
+    await claim_ids(ledger, 1, now=100.0)
+    await finish(ledger, "r", "2", FAILED, now=101.0)
+    assert await fence("r", "2") == AttemptFence(RolloutState.FAILED, "2", AttemptState.FINISHED)
 
 
 # -- finish and retries -----------------------------------------------------------------------------
