@@ -2,35 +2,17 @@
 
 Everything runs as real processes on loopback ports: the gateway exactly as a user starts it, the
 model server as the vLLM stand-in of `keraunos.testing.engine`, steered over its `/mock` API.
+Helpers live in `proxy_support.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from proxy_support import FAST_PROXY_ARGS, register
 
-from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway
-
-__all__ = ["SERVED_MODEL", "Engine"]
-
-
-#: Gateway flags that keep retries and time-outs short enough for tests.
-FAST_PROXY_ARGS = (
-    "--served-model",
-    SERVED_MODEL,
-    "--proxy-max-attempts",
-    "3",
-    "--proxy-backoff-initial-s",
-    "0.01",
-    "--proxy-backoff-max-s",
-    "0.04",
-    "--proxy-upstream-timeout-s",
-    "1.0",
-    "--endpoint-cooldown-s",
-    "30",
-)
+from keraunos.testing.processes import Engine, Gateway
 
 
 @pytest.fixture(scope="module")
@@ -39,27 +21,3 @@ def proxy_gateway(session_gateway_factory: Any, engine: Engine) -> Gateway:
     gateway = session_gateway_factory(args=FAST_PROXY_ARGS)
     register(gateway, [engine])
     return gateway
-
-
-def register(gateway: Gateway, engines: Sequence[Engine], version: int = 0) -> None:
-    """Register each engine as an endpoint of the served model."""
-    gateway.register(engines, version=version)
-
-
-def new_rollout(gateway: Gateway, rollout_id: str) -> str:
-    with gateway.client() as api:
-        assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}]).status_code == 201
-    return rollout_id
-
-
-def proxy_base(gateway: Gateway, rollout_id: str, attempt_id: str = "0", mode: str = "train") -> str:
-    """The AGL_OPENAI_BASE_URL an agent of this attempt gets."""
-    return gateway.proxy_base(rollout_id, attempt_id, mode)
-
-
-def model_requests(gateway: Gateway, rollout_id: str, fmt: str | None = None) -> list[dict[str, Any]]:
-    params = {"event_type": "model_request"} | ({"format": fmt} if fmt else {})
-    with gateway.client() as api:
-        response = api.get(f"/api/rollouts/{rollout_id}/events", params=params)
-    assert response.status_code == 200, response.text
-    return response.json()

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import SERVED_MODEL, Engine, model_requests, new_rollout, proxy_base
+from proxy_support import SERVED_MODEL, Engine, model_requests, new_rollout, proxy_base
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from conftest import SERVED_MODEL, model_requests, new_rollout, proxy_base, register
+from proxy_support import SERVED_MODEL, model_requests, new_rollout, proxy_base, register
 
 
 def forms(db: Path) -> str:

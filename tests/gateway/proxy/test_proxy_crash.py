@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import SERVED_MODEL, model_requests, proxy_base, register
+from proxy_support import SERVED_MODEL, model_requests, proxy_base, register
 
 # About 8 s on an idle machine, 25 s with every core busy; the limit only stops a hang.
 pytestmark = pytest.mark.timeout(60)

@@ -6,7 +6,15 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import FAST_PROXY_ARGS, SERVED_MODEL, Engine, model_requests, new_rollout, proxy_base, register
+from proxy_support import (
+    FAST_PROXY_ARGS,
+    SERVED_MODEL,
+    Engine,
+    model_requests,
+    new_rollout,
+    proxy_base,
+    register,
+)
 
 from keraunos.gateway.proxy.routing import rank
 

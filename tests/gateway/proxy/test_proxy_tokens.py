@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import FAST_PROXY_ARGS, Engine, model_requests, new_rollout, proxy_base, register
+from proxy_support import FAST_PROXY_ARGS, Engine, model_requests, new_rollout, proxy_base, register
 
 from keraunos.gateway._tokens import derive_secret, mint
 
