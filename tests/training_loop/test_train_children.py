@@ -77,8 +77,12 @@ def test_a_killed_train_run_leaves_no_process_behind(tmp_path: Path, agents_pyth
             time.sleep(0.1)
         gateway = json.loads((run_dir / "run.json").read_text())["gateway"]
         assert httpx.get(f"{gateway}/healthz", timeout=5).status_code == 200
+        # The gateway, the controller and its two warm workers (and agents, if a step has begun).
         started = descendants(train.pid)
-        assert len(started) >= 4, started  # gateway, controller, two warm workers (and agents)
+        while len(started) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            started = descendants(train.pid)
+        assert len(started) >= 4, started
 
         train.send_signal(signal.SIGKILL)
         train.wait(10)
