@@ -37,13 +37,16 @@ def call(gateway: Any, rollout: str, turn: int) -> None:
     assert response.status_code == 200, response.text
 
 
+#: No attempt sweep (a periodic write) that could meet a call and make it queue rather than commit
+#: inline: only inline commits are stored in wire form.
+QUIET = ("--served-model", SERVED_MODEL, "--attempt-sweep-interval-s", "3600")
+
+
 def test_a_batch_is_compacted_when_full_and_a_lone_call_waits_for_the_delay(
     gateway_factory: Any, engine: Any
 ) -> None:
     engine.reset()
-    gateway = gateway_factory(
-        args=("--served-model", SERVED_MODEL, "--compact-batch", "2", "--compact-delay-s", "60")
-    )
+    gateway = gateway_factory(args=(*QUIET, "--compact-batch", "2", "--compact-delay-s", "60"))
     register(gateway, [engine])
     db = Path(gateway.db)
     rollout = new_rollout(gateway, "compaction")
@@ -67,7 +70,7 @@ def test_a_batch_is_compacted_when_full_and_a_lone_call_waits_for_the_delay(
 
 def test_a_lone_call_is_compacted_after_the_delay(gateway_factory: Any, engine: Any) -> None:
     engine.reset()
-    gateway = gateway_factory(args=("--served-model", SERVED_MODEL, "--compact-delay-s", "0.05"))
+    gateway = gateway_factory(args=(*QUIET, "--compact-delay-s", "0.05"))
     register(gateway, [engine])
     rollout = new_rollout(gateway, "delay")
     call(gateway, rollout, 0)
