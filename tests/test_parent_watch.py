@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from keraunos._parent import PARENT_PID, parent_env, watch_parent
+from keraunos.testing.processes import clean_env, keraunos_command
 
 # The child: watch its parent, note SIGTERM in a file and exit; otherwise sleep long.
 CHILD = """
@@ -81,3 +82,21 @@ def test_the_child_gets_sigterm_when_its_parent_is_killed_and_not_before(tmp_pat
         parent.wait(5)
         if child_pid and not marker.exists():
             os.kill(child_pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("command", ["gateway", "controller"])
+def test_a_command_given_a_bad_parent_pid_says_so_in_one_line(command: str, tmp_path: Path) -> None:
+    args = ["--db", str(tmp_path / "l.db")] if command == "gateway" else ["--gateway", "http://127.0.0.1:9"]
+    result = subprocess.run(
+        keraunos_command(command, *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env({PARENT_PID: "not-a-pid"}),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {PARENT_PID} must be the parent's process id, got 'not-a-pid'"
+    ]
