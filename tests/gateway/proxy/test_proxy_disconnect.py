@@ -14,25 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
+from proxy_support import model_requests, new_rollout
 
 from keraunos.gateway.proxy.disconnect import DisconnectWatch, WatchScheduler
 from keraunos.testing.processes import Engine, Gateway
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def new_rollout(gateway: Gateway, rollout_id: str) -> str:
-    with gateway.client() as api:
-        assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}]).status_code == 201
-    return rollout_id
-
-
-def model_requests(gateway: Gateway, rollout_id: str, fmt: str | None = None) -> list[dict[str, Any]]:
-    params = {"event_type": "model_request"} | ({"format": fmt} if fmt else {})
-    with gateway.client() as api:
-        response = api.get(f"/api/rollouts/{rollout_id}/events", params=params)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 INTER_TOKEN_MS = 20

@@ -18,6 +18,7 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from proxy_support import model_requests, new_rollout
 
 from keraunos.gateway.proxy.stream import (
     SseSplitter,
@@ -28,23 +29,9 @@ from keraunos.gateway.proxy.stream import (
     event_data,
     is_usage_only,
 )
-from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway
+from keraunos.testing.processes import SERVED_MODEL, Engine
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def new_rollout(gateway: Gateway, rollout_id: str) -> str:
-    with gateway.client() as api:
-        assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}]).status_code == 201
-    return rollout_id
-
-
-def model_requests(gateway: Gateway, rollout_id: str, fmt: str | None = None) -> list[dict[str, Any]]:
-    params = {"event_type": "model_request"} | ({"format": fmt} if fmt else {})
-    with gateway.client() as api:
-        response = api.get(f"/api/rollouts/{rollout_id}/events", params=params)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 INTER_TOKEN_MS = 20
