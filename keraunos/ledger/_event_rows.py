@@ -8,7 +8,7 @@ the call context through every `model_request`. A row may also be in wire form f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from keraunos.ledger._codec import (
@@ -30,32 +30,41 @@ EventRow = tuple[str, float, bytes]
 
 def decode_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
     """One attempt's events exactly as they were written."""
+    return _decode(rollout_id, attempt_id, rows, _decode_call, _as_is)
+
+
+def decode_triplet_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
+    """One attempt's events in the trimmed `format=triplet` shape of PROTOCOL.md."""
+    return dedupe_model_requests(_decode(rollout_id, attempt_id, rows, _decode_call_triplet, trim_reward))
+
+
+_CallDecoder = Callable[[bytes, CallContext | None], tuple[dict[str, Any], CallContext | None]]
+
+
+def _decode(
+    rollout_id: str,
+    attempt_id: str,
+    rows: Iterable[EventRow],
+    decode_call: _CallDecoder,
+    shape_reward: Callable[[dict[str, Any]], dict[str, Any]],
+) -> list[EventDict]:
+    """The rows as events, the call context threaded through the attempt's `model_request` rows."""
     ctx: CallContext | None = None
     out: list[EventDict] = []
     for event_type, timestamp, blob in rows:
         data: dict[str, Any]
         if event_type == MODEL_REQUEST:
-            data, ctx = _decode_call(blob, ctx)
+            data, ctx = decode_call(blob, ctx)
+        elif event_type == REWARD:
+            data = shape_reward(decode_json(blob))
         else:
             data = decode_json(blob)
         out.append(_event(event_type, rollout_id, attempt_id, timestamp, data))
     return out
 
 
-def decode_triplet_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
-    """One attempt's events in the trimmed `format=triplet` shape of PROTOCOL.md."""
-    ctx: CallContext | None = None
-    out: list[EventDict] = []
-    for event_type, timestamp, blob in rows:
-        data: dict[str, Any]
-        if event_type == MODEL_REQUEST:
-            data, ctx = _decode_call_triplet(blob, ctx)
-        elif event_type == REWARD:
-            data = trim_reward(decode_json(blob))
-        else:
-            data = decode_json(blob)
-        out.append(_event(event_type, rollout_id, attempt_id, timestamp, data))
-    return dedupe_model_requests(out)
+def _as_is(data: dict[str, Any]) -> dict[str, Any]:
+    return data
 
 
 def _decode_call(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:
