@@ -34,7 +34,8 @@ def watch_parent(environ: Mapping[str, str], *, interval_s: float = 0.2) -> thre
     value = environ.get(PARENT_PID, "").strip()
     if not value:
         return None
-    if not value.isdigit() or int(value) <= 1:
+    # Process id 1 is a valid parent: `keraunos train` as a container's entry point.
+    if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{PARENT_PID} must be the parent's process id, got {value!r}")
     parent = int(value)
 

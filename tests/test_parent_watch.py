@@ -55,7 +55,7 @@ def test_without_the_entry_nothing_is_watched() -> None:
     assert watch_parent({PARENT_PID: " "}) is None
 
 
-@pytest.mark.parametrize("value", ["abc", "-5", "1", "0", "12.5"])
+@pytest.mark.parametrize("value", ["abc", "-5", "0", "12.5"])
 def test_a_value_that_is_no_parent_pid_is_refused(value: str) -> None:
     with pytest.raises(ValueError, match=PARENT_PID):
         watch_parent({PARENT_PID: value})
@@ -100,3 +100,16 @@ def test_a_command_given_a_bad_parent_pid_says_so_in_one_line(command: str, tmp_
     assert result.stderr.strip().splitlines() == [
         f"error: {PARENT_PID} must be the parent's process id, got 'not-a-pid'"
     ]
+
+
+def test_process_id_1_is_a_parent_too(tmp_path: Path) -> None:
+    """`keraunos train` may be a container's entry point. Here the child's parent is not process 1,
+    so it is told to stop at once (SIGTERM), which shows the value was taken, not refused."""
+    marker = tmp_path / "stopped"
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(marker)],
+        env={**os.environ, PARENT_PID: "1"},
+        timeout=30,
+        check=False,
+    )
+    assert child.returncode == 0 and marker.read_text() == "SIGTERM"
