@@ -69,7 +69,8 @@ class DemoConfig(LayeredSettings):
         default=0,
         ge=0,
         description="torch intra-op threads of the warm start (0: torch's default, every core; "
-        "nothing else runs while the model is prepared). The prepared model is the same either way.",
+        "nothing else runs while the model is prepared). The weights depend on the thread count, "
+        "so it is part of the cache entry's name (docs/demo.md).",
     )
     progress: bool = Field(default=True, description="Show progress bars and a line per step.")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(

@@ -4,13 +4,21 @@
 weights) into a fresh temporary directory beside the cache entry, runs the supervised warm start
 there, saves the result and renames the directory into place, so a cache entry is either
 complete or absent (an interrupted build leaves only a temporary directory, removed by the next
-build). The entry's name is the recipe's hash: another recipe, another entry.
+build). The entry's name is the recipe's hash and the build tag: another recipe, another entry.
+
+The warm start's bytes depend on more than the recipe: float reductions are split by torch's
+thread count, and the kernels chosen differ by CPU instruction set and torch release (on the
+project's own 2-core machine one thread and two give different `model.safetensors`, run after run,
+with equal losses). So the cache does not promise one set of weights per recipe; it promises the
+same bytes for the same recipe on the same build tag (`build_tag`: threads, CPU capability, torch
+version), which is what the entry's name records.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -49,9 +57,20 @@ def cache_root(flag: str, environ: Mapping[str, str]) -> Path:
     return Path("~/.cache/keraunos").expanduser()
 
 
-def entry_dir(root: Path, recipe: Recipe) -> Path:
-    """Where the model of `recipe` is cached under `root`."""
-    return root / "demo" / recipe.digest()
+def build_tag(torch_threads: int = 0) -> str:
+    """What besides the recipe the warm start's weights depend on, as a path-safe name:
+    `t{threads}-{cpu capability}-torch{version}`. `torch_threads` 0 means torch's current count."""
+    import torch
+
+    threads = torch_threads or torch.get_num_threads()
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    version = re.sub(r"[^A-Za-z0-9.]", "_", torch.__version__)
+    return f"t{threads}-{capability}-torch{version}"
+
+
+def entry_dir(root: Path, recipe: Recipe, tag: str) -> Path:
+    """Where the model of `recipe`, built under `tag` (`build_tag`), is cached under `root`."""
+    return root / "demo" / f"{recipe.digest()}-{tag}"
 
 
 def is_prepared(path: Path) -> bool:
@@ -66,8 +85,9 @@ def prepare_model(
     torch_threads: int = 0,
     on_step: Callable[[int, float], None] = lambda step, loss: None,
 ) -> Prepared:
-    """The cached model of `recipe` under `root`, built (and warm-started) first if it is not there."""
-    target = entry_dir(root, recipe)
+    """The cached model of `recipe` under `root` for this build tag (`build_tag(torch_threads)`),
+    built (and warm-started) first if it is not there."""
+    target = entry_dir(root, recipe, build_tag(torch_threads))
     if is_prepared(target):
         return Prepared(target, built=False, seconds=0.0, sft_loss=_recorded_loss(target))
     started = time.perf_counter()
@@ -77,7 +97,11 @@ def prepare_model(
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         losses = _build(recipe, work, torch_threads=torch_threads, on_step=on_step)
-        record = {"recipe": recipe.model_dump(), "sft_final_loss": losses[-1] if losses else None}
+        record = {
+            "recipe": recipe.model_dump(),
+            "build_tag": target.name.removeprefix(f"{recipe.digest()}-"),
+            "sft_final_loss": losses[-1] if losses else None,
+        }
         (work / RECIPE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         try:
             os.rename(work, target)

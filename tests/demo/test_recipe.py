@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from keraunos.demo.prepare import CACHE_ENV, cache_root, entry_dir
+from keraunos.demo.prepare import CACHE_ENV, build_tag, cache_root, entry_dir
 from keraunos.demo.recipe import (
     Recipe,
     render,
@@ -140,4 +140,13 @@ def test_the_cache_is_the_flag_else_the_environment_else_the_home_cache(tmp_path
     assert cache_root(str(tmp_path / "flag"), {CACHE_ENV: "/env"}) == tmp_path / "flag"
     assert cache_root("", {CACHE_ENV: str(tmp_path / "env")}) == tmp_path / "env"
     assert cache_root("", {}) == Path.home() / ".cache" / "keraunos"
-    assert entry_dir(tmp_path, SMALL) == tmp_path / "demo" / SMALL.digest()
+    assert entry_dir(tmp_path, SMALL, "t2-avx2-torch2.13.0") == tmp_path / "demo" / f"{SMALL.digest()}-t2-avx2-torch2.13.0"
+
+
+def test_the_build_tag_names_the_thread_count_the_cpu_and_torch_in_a_path_safe_name() -> None:
+    import torch
+
+    tag = build_tag(3)
+    assert tag.startswith("t3-") and f"torch{torch.__version__}".replace("+", "_") in tag
+    assert "/" not in tag and "+" not in tag
+    assert build_tag(0) == build_tag(torch.get_num_threads())
