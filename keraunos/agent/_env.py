@@ -20,7 +20,7 @@ EVENT_URL = "AGL_EVENT_URL"
 KEY = "AGL_KEY"
 
 _ID = r"[A-Za-z0-9._:-]{1,128}"
-_EVENT_PATH = re.compile(rf"/api/rollouts/(?P<rollout>{_ID})/attempt/(?P<attempt>{_ID})/events/?$")
+_EVENT_PATH = re.compile(rf"/api/rollouts/(?P<rollout>{_ID})/attempt/(?P<attempt>{_ID})/events/?\Z")
 _PROXY_PATH = re.compile(rf"/proxy/rollout/(?P<rollout>{_ID})/attempt/(?P<attempt>{_ID})/mode/")
 
 

@@ -30,7 +30,7 @@ MAX_LITERAL_DIGITS = 30
 
 _CALC = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"^([+-]?)(\d+)(?:\.(\d+))?(?:/(\d+))?$")
+_NUMBER = re.compile(r"^([+-]?)(\d+)(?:\.(\d+))?(?:/(\d+))?\Z")
 
 
 class CalcError(ValueError):

@@ -14,7 +14,7 @@ from keraunos.testing.kube._objects import deep_copy
 #: The address every Pod of the stand-in reports: its processes run on this machine.
 POD_IP = "127.0.0.1"
 _REFERENCE = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
-_FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")
+_FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]\Z")
 
 
 class ContainerConfigError(Exception):

@@ -17,10 +17,10 @@ from keraunos.testing.kube._status import ApiError
 
 _NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_LABEL_KEY = re.compile(rf"^(({_DNS_SUBDOMAIN})/)?{_NAME}$")
-_LABEL_VALUE = re.compile(rf"^({_NAME})?$")
-_SET_TERM = re.compile(r"^(?P<key>[^\s!=(),]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
-_EQUALITY_TERM = re.compile(r"^(?P<key>[^\s!=(),]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),]*)$")
+_LABEL_KEY = re.compile(rf"^(({_DNS_SUBDOMAIN})/)?{_NAME}\Z")
+_LABEL_VALUE = re.compile(rf"^({_NAME})?\Z")
+_SET_TERM = re.compile(r"^(?P<key>[^\s!=(),]+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)\Z")
+_EQUALITY_TERM = re.compile(r"^(?P<key>[^\s!=(),]+)\s*(?P<op>==|=|!=)\s*(?P<value>[^\s!=(),]*)\Z")
 
 
 def label_key_problem(key: str) -> str | None:

@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 FORMAT = "keraunos-torch-trainer/1"
 MODEL_DIR = "model"
 STATE_FILE = "trainer.safetensors"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STEP_DIR = re.compile(r"^step-(\d+)\Z")
 
 
 class CheckpointError(RuntimeError):
