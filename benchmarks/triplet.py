@@ -148,8 +148,14 @@ def run_once(cmd_template: str, args: argparse.Namespace) -> RunResult:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = cmd_template.format(host=host, port=port, key=key, model="policy", tmp=tmp)
         argv = ["taskset", "-c", args.server_cpus, *shlex.split(cmd)]
+        # The server runs in the temporary directory: agl-server is a Hydra app and writes a run
+        # folder (outputs/DATE/TIME/.hydra) under its working directory on every start.
         proc = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=tmp,
         )
         try:
             wait_healthy(host, port, proc)
