@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prerequisites import missing
 
 from keraunos.testing.postgres import PostgresServer, postgres_missing, start_postgres
 from keraunos.testing.processes import (
@@ -134,7 +135,7 @@ def postgres() -> Iterator[PostgresServer]:
     """
     reason = postgres_missing()
     if reason is not None:
-        pytest.skip(reason)
+        missing(reason)
     server = start_postgres(settings=[("synchronous_commit", "off")])
     yield server
     server.stop()

@@ -5,7 +5,6 @@ The helpers they wrap are in `controller_support.py`.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,6 @@ import httpx
 import pytest
 from controller_support import (
     GATEWAY_ARGS,
-    REPO,
     AglServer,
     Controller,
     Stack,
@@ -23,6 +21,7 @@ from controller_support import (
     start_controller,
     wait_for,
 )
+from prerequisites import agl_binary
 
 from keraunos.testing.processes import SERVED_MODEL, Gateway, clean_env
 
@@ -98,13 +97,7 @@ def agl_server(tmp_path: Path) -> Iterator[AglServer]:
     """
     from keraunos.testing.processes import free_port
 
-    venv = Path(os.environ.get("KERAUNOS_TEST_AGL_VENV", REPO / ".venv-agl"))
-    binary = venv / "bin" / "agl-server"
-    if not binary.exists():
-        pytest.skip(
-            f"Agent Lightning 1.0.2 is not installed in {venv} (install it with: python3 -m venv {venv} && "
-            f"{venv}/bin/pip install --ignore-requires-python agentlightning==1.0.2)"
-        )
+    binary = agl_binary("agl-server")
     port, key = free_port(), "agl-test-key"
     log_path = tmp_path / "agl-server.log"
     with log_path.open("wb") as log:

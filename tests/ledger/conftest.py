@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from prerequisites import missing
 
 from keraunos.ledger import Ledger, SqliteLedger
 from keraunos.ledger._pg_pool import PoolSettings
@@ -98,7 +99,7 @@ def pg_own_server() -> Iterator[PostgresServer]:
     crash and restart without disturbing other tests."""
     reason = postgres_missing()
     if reason is not None:
-        pytest.skip(reason)
+        missing(reason)
     server = start_postgres()
     yield server
     server.stop()

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prerequisites import agl_binary
 
 from keraunos.testing.processes import SERVED_MODEL, TEST_KEY, Engine, Gateway, clean_env, free_port
 
@@ -128,13 +129,7 @@ class AglServer:
 def agl_server(tmp_path_factory: pytest.TempPathFactory, engine: Engine) -> Iterator[AglServer]:
     """`agl-server` of the reference venv (`$KERAUNOS_TEST_AGL_VENV`, default `.venv-agl`), proxying to
     the engine stand-in; skipped, saying why, when that installation is not there."""
-    venv = Path(os.environ.get("KERAUNOS_TEST_AGL_VENV", REPO / ".venv-agl"))
-    binary = venv / "bin" / "agl-server"
-    if not binary.exists():
-        pytest.skip(
-            f"Agent Lightning 1.0.2 is not installed in {venv} (install it with: python3 -m venv {venv} && "
-            f"{venv}/bin/pip install --ignore-requires-python agentlightning==1.0.2)"
-        )
+    binary = agl_binary("agl-server")
     workdir = tmp_path_factory.mktemp("agl")
     port = free_port()
     log_path = workdir / "agl-server.log"
