@@ -40,7 +40,14 @@ class ServeConfig(LayeredSettings):
         "default: the --model directory as given.",
     )
     api_key: str = Field(
-        default="", description="When set, every request but /health must send 'Authorization: Bearer KEY'."
+        default="",
+        description="When set, every request but /health must send 'Authorization: Bearer KEY' or "
+        "'x-api-key: KEY' (unset: no auth at all, with a warning at start).",
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="Serve GET /metrics without the API key (for Prometheus scrapers without "
+        "credentials); by default it needs the key, like every other route.",
     )
     device: str = Field(default="cpu", description="Torch device of the model (cpu, cuda, cuda:1, ...).")
     dtype: DType = Field(default="float32", description="Weights and compute dtype.")

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
 
+from keraunos.serving.metrics import ServeMetrics
 from keraunos.serving.runner import ModelRunner, SequenceRequest, TokenEvent
 
 log = structlog.get_logger("keraunos.serving")
@@ -34,12 +36,23 @@ class Job:
 
 
 class BatchScheduler:
-    """Gathers jobs into batches and runs them on a `ModelRunner`, one batch at a time."""
+    """Gathers jobs into batches and runs them on a `ModelRunner`, one batch at a time.
 
-    def __init__(self, runner: ModelRunner, *, max_batch_size: int, batch_wait_s: float) -> None:
+    Batch sizes, generation time, tokens and the queue go to `metrics` (the server's, or its own).
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        max_batch_size: int,
+        batch_wait_s: float,
+        metrics: ServeMetrics | None = None,
+    ) -> None:
         self.runner = runner
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.metrics = metrics or ServeMetrics()
         self.batches = 0
         self.largest_batch = 0
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
@@ -73,6 +86,7 @@ class BatchScheduler:
 
         job.sequences = make(emitter_of)
         self._queue.put_nowait(job)
+        self.metrics.waiting.inc()
         return job
 
     async def _run(self) -> None:
@@ -103,9 +117,21 @@ class BatchScheduler:
         self.batches += 1
         self.largest_batch = max(self.largest_batch, size)
         sequences = [s for job in jobs for s in job.sequences]
+        metrics = self.metrics
+        metrics.waiting.dec(len(jobs))
+        metrics.running.set(size)
+        metrics.batch_size.observe(size)
+        started = time.perf_counter()
         try:
             await asyncio.to_thread(self.runner.generate, sequences)
         except Exception as exc:  # a bug or an out-of-memory: every request of the batch fails with a 500
+            metrics.batch_failures.inc()
             log.exception("batch failed", sequences=size)
             for job in jobs:
                 job.events.put_nowait((-1, exc))
+        finally:
+            metrics.batch_seconds.observe(time.perf_counter() - started)
+            metrics.running.set(0)
+            # What the model did, also when it failed part way: the tokens it did sample.
+            metrics.prompt_tokens.inc(sum(len(s.prompt) for s in sequences))
+            metrics.completion_tokens.inc(sum(len(s.generated) for s in sequences))

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server around a `ModelRunner`, and its Python API (`ModelServer`).
 
-Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`, plus
-two keraunos routes: `GET /keraunos/info` (served model, weights version, batching counters) and
+Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
+`GET /metrics` (Prometheus, see `keraunos.serving.metrics`), plus two keraunos routes:
+`GET /keraunos/info` (served model, weights version, batching counters) and
 `POST /keraunos/weights {"path": DIR, "version"?: int}` (swap in safetensors weights from a
 directory). A trainer in the same process calls `ModelServer.load_weights` with its state dict
 instead, without copying through files.
@@ -21,12 +22,15 @@ import orjson
 import structlog
 import torch
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from keraunos._metrics_http import CONTENT_TYPE_LATEST, carries_key, exposition, metrics_allowed
 from keraunos.protocol import SESSION_HEADER
 from keraunos.serving.config import ServeConfig
+from keraunos.serving.metrics import CountRequests, ServeMetrics
 from keraunos.serving.prompts import PromptError, TokenCache, chat_prompt_ids, completion_prompt_ids
 from keraunos.serving.requests import Generation, RequestError, parse_generation, set_max_tokens
 from keraunos.serving.responses import ChoiceResult, StreamChunks, chat_response, completion_response
@@ -56,8 +60,8 @@ def _error(status: int, message: str) -> Response:
 class ModelServer:
     """A model served over HTTP: build it, serve `app` (or `start()` it in a thread), swap its weights.
 
-    The token cache (see `keraunos.serving.prompts`) and the batch scheduler live here; the model,
-    the tokenizer and the weights version live on `runner`.
+    The token cache (see `keraunos.serving.prompts`), the batch scheduler and this server's own
+    metrics registry live here; the model, the tokenizer and the weights version live on `runner`.
     """
 
     def __init__(self, runner: ModelRunner, config: ServeConfig) -> None:
@@ -65,18 +69,26 @@ class ModelServer:
         self.config = config
         self.model_name = config.model_name
         self.cache = TokenCache(config.token_cache_size)
+        self.metrics = ServeMetrics()
+        self.metrics.watch_version(lambda: runner.version)
         self.scheduler = BatchScheduler(
-            runner, max_batch_size=config.max_batch_size, batch_wait_s=config.batch_wait_ms / 1000
+            runner,
+            max_batch_size=config.max_batch_size,
+            batch_wait_s=config.batch_wait_ms / 1000,
+            metrics=self.metrics,
         )
+        routes = [
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", self._health, methods=["GET"]),
+            Route("/metrics", self._metrics, methods=["GET"]),
+            Route("/keraunos/info", self._info, methods=["GET"]),
+            Route("/keraunos/weights", self._weights, methods=["POST"]),
+        ]
         self.app = Starlette(
-            routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/health", self._health, methods=["GET"]),
-                Route("/keraunos/info", self._info, methods=["GET"]),
-                Route("/keraunos/weights", self._weights, methods=["POST"]),
-            ],
+            routes=routes,
+            middleware=[Middleware(CountRequests, metrics=self.metrics, routes=[r.path for r in routes])],
             lifespan=self._lifespan,
         )
 
@@ -111,7 +123,11 @@ class ModelServer:
         Blocks until the running batch, if any, has finished. Replies generated before the swap
         stay in the token cache: their ids are what was sampled, whatever the weights are now.
         """
-        return self.runner.load_weights(weights, version=version)
+        started = time.perf_counter()
+        new_version = self.runner.load_weights(weights, version=version)
+        self.metrics.weight_swap_seconds.observe(time.perf_counter() - started)
+        self.metrics.weight_swaps.inc()
+        return new_version
 
     def start(self, host: str = "127.0.0.1", port: int = 0, *, ready_timeout: float = 30.0) -> RunningServer:
         """Serve in a background thread (port 0: any free port); returns when it accepts connections."""
@@ -129,10 +145,7 @@ class ModelServer:
 
     def _unauthorized(self, request: Request) -> Response | None:
         key = self.config.api_key
-        if not key:
-            return None
-        given = request.headers.get("authorization", "")
-        if given == f"Bearer {key}" or request.headers.get("x-api-key") == key:
+        if not key or carries_key(request.headers.raw, key):
             return None
         return _json({"error": "Unauthorized"}, 401)
 
@@ -279,6 +292,14 @@ class ModelServer:
     async def _health(self, request: Request) -> Response:
         return Response(b"", status_code=200)
 
+    async def _metrics(self, request: Request) -> Response:
+        """Prometheus metrics: the key's rule, as the gateway's (`--metrics-public` opens them)."""
+        if not metrics_allowed(
+            request.headers.raw, key=self.config.api_key, public=self.config.metrics_public
+        ):
+            return _json({"error": "Unauthorized"}, 401)
+        return Response(exposition(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     async def _info(self, request: Request) -> Response:
         refused = self._unauthorized(request)
         if refused is not None:
@@ -311,7 +332,7 @@ class ModelServer:
         ):
             return _error(400, 'expected {"path": "DIR with *.safetensors", "version"?: integer}')
         try:
-            new_version = await asyncio.to_thread(self.runner.load_weights, path, version=version)
+            new_version = await asyncio.to_thread(self.load_weights, path, version=version)
         except WeightsError as exc:
             return _error(400, str(exc))
         return _json({"version": new_version})
@@ -398,6 +419,13 @@ def serve(config: ServeConfig) -> int:
             timeout_keep_alive=120,
         )
     )
+    if not config.api_key:
+        log.warning(
+            "AUTH DISABLED: no API key is set, anyone who can reach this port can generate, read "
+            "/metrics and swap the weights; set --api-key or KERAUNOS_SERVE_API_KEY",
+            host=config.host,
+            port=config.port,
+        )
     log.info(
         "model server starting",
         model=config.model,

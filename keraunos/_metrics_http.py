@@ -1,0 +1,142 @@
+"""`GET /metrics` of a keraunos component: the key rule, the exposition, and a server of its own.
+
+The rule is the gateway's (docs/proxy.md "Metrics"): `/metrics` needs the component's key, sent as
+`Authorization: Bearer KEY` or `x-api-key: KEY` and compared in constant time, unless the component
+was told to serve it publicly (`metrics_public`, for Prometheus scrapers without credentials). With
+no key configured there is nothing to check and the route is open (the component warns when it
+starts). Each component keeps its own `CollectorRegistry`, so two of them in one process never
+share a counter.
+
+A component with an HTTP app of its own (the model server) adds a `/metrics` route that calls
+`metrics_allowed` and `exposition`; one without (the trainer) starts a `MetricsServer`, a tiny ASGI
+app that serves only `/metrics`, run by uvicorn in a background thread of its process.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import Receive, Scope, Send
+
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "MetricsServer",
+    "MetricsServerError",
+    "carries_key",
+    "exposition",
+    "metrics_allowed",
+]
+
+UNAUTHORIZED_BODY = b'{"detail":"Invalid or missing API key"}'
+
+
+class MetricsServerError(RuntimeError):
+    """The metrics port could not be served (taken, or the host cannot be bound); says which."""
+
+
+def carries_key(headers: Iterable[tuple[bytes, bytes]], key: str) -> bool:
+    """Whether raw ASGI `headers` present `key` as `Authorization: Bearer KEY` or `x-api-key: KEY`."""
+    wanted = key.encode()
+    for name, value in headers:
+        name = name.lower()
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), wanted):
+                return True
+        elif name == b"x-api-key" and hmac.compare_digest(value.strip(), wanted):
+            return True
+    return False
+
+
+def metrics_allowed(headers: Iterable[tuple[bytes, bytes]], *, key: str, public: bool) -> bool:
+    """Whether a request with `headers` may read `/metrics`: public, no key configured, or the key sent."""
+    return public or not key or carries_key(headers, key)
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """Every metric of `registry` in the Prometheus text format (served as `CONTENT_TYPE_LATEST`)."""
+    return generate_latest(registry)
+
+
+class MetricsApp:
+    """An ASGI app that serves `GET /metrics` of one registry under the key rule, and nothing else."""
+
+    def __init__(self, registry: CollectorRegistry, *, key: str, public: bool) -> None:
+        self.registry = registry
+        self.key = key
+        self.public = public
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await receive()  # startup: nothing to open
+            await send({"type": "lifespan.startup.complete"})
+            await receive()  # shutdown: nothing to close
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/metrics":
+            await _answer(send, 404, b'{"detail":"Not Found"}', b"application/json")
+        elif scope["method"] not in ("GET", "HEAD"):
+            await _answer(send, 405, b'{"detail":"Method Not Allowed"}', b"application/json")
+        elif not metrics_allowed(scope["headers"], key=self.key, public=self.public):
+            await _answer(send, 401, UNAUTHORIZED_BODY, b"application/json")
+        else:
+            await _answer(send, 200, exposition(self.registry), CONTENT_TYPE_LATEST.encode())
+
+
+async def _answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class MetricsServer:
+    """`MetricsApp` served by uvicorn in a daemon thread; `start()` returns once it accepts connections."""
+
+    def __init__(self, uvicorn_server: Any, thread: threading.Thread, url: str) -> None:
+        self._uvicorn = uvicorn_server
+        self._thread = thread
+        self.url = url
+
+    @classmethod
+    def start(
+        cls,
+        registry: CollectorRegistry,
+        *,
+        host: str,
+        port: int,
+        key: str,
+        public: bool,
+        ready_timeout: float = 10.0,
+    ) -> MetricsServer:
+        """Serve `registry` at `http://host:port/metrics` (port 0: any free port); raises
+        `MetricsServerError` when the port cannot be served."""
+        import uvicorn
+
+        app = MetricsApp(registry, key=key, public=public)
+        config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False, log_config=None)
+        userver = uvicorn.Server(config)
+        thread = threading.Thread(target=userver.run, name="keraunos-metrics", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + ready_timeout
+        while not userver.started:
+            # uvicorn ends its thread when it cannot bind (the port is taken, the host unknown).
+            if not thread.is_alive() or time.monotonic() > deadline:
+                userver.should_exit = True
+                raise MetricsServerError(
+                    f"cannot serve metrics on {host}:{port} (is the port taken?); pick another metrics port"
+                )
+            time.sleep(0.01)
+        bound = userver.servers[0].sockets[0].getsockname()[1]
+        return cls(userver, thread, f"http://{host}:{bound}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and wait for the thread to end."""
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout)
