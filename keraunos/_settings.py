@@ -14,8 +14,10 @@ from typing import Any, Self
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource
 
+from keraunos.errors import InputError
 
-class ConfigError(Exception):
+
+class ConfigError(InputError):
     """The configuration cannot be used; the message is one line that names the culprit."""
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import typer
 
 from keraunos._settings import ConfigError, LayeredSettings
+from keraunos.errors import KeraunosError, exit_status
 
 S = TypeVar("S", bound=LayeredSettings)
 
@@ -19,6 +20,8 @@ def settings_command(settings_cls: type[S], *, name: str, doc: str, run: Callabl
 
     Values arrive as text and are validated by the settings class, so a bad value gets the same
     one-line error (exit status 2) whether it came from a flag, the environment or the YAML file.
+    A `KeraunosError` escaping `run` is printed in one line too, with exit status 2 for an
+    `InputError` and 1 for any other (keraunos.errors).
     """
     params: list[inspect.Parameter] = []
     for field_name, field in settings_cls.model_fields.items():
@@ -54,7 +57,12 @@ def settings_command(settings_cls: type[S], *, name: str, doc: str, run: Callabl
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
-        raise typer.Exit(run(settings))
+        try:
+            status = run(settings)
+        except KeraunosError as exc:  # the one-line answer for any error of the tree
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(exit_status(exc)) from None
+        raise typer.Exit(status)
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__doc__ = doc

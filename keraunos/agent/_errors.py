@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from keraunos.errors import KeraunosError
 
-class AgentError(Exception):
+
+class AgentError(KeraunosError):
     """Base class of every error the agent SDK raises."""
 
 

@@ -14,8 +14,10 @@ import inspect
 import sys
 import traceback
 
+from keraunos.errors import KeraunosError
 
-class AgentLoadError(Exception):
+
+class AgentLoadError(KeraunosError):
     """The agent class named on the command line cannot be imported or is not a class."""
 
 

@@ -13,8 +13,10 @@ from typing import Any
 
 import httpx
 
+from keraunos.errors import KeraunosError
 
-class GatewayError(Exception):
+
+class GatewayError(KeraunosError):
     """The gateway answered with a status the controller did not expect; carries status and detail."""
 
     def __init__(self, method: str, path: str, status: int, detail: str) -> None:
@@ -23,7 +25,7 @@ class GatewayError(Exception):
         self.detail = detail
 
 
-class GatewayUnreachable(Exception):
+class GatewayUnreachable(KeraunosError):
     """The request did not get an answer (connection refused, timeout, reset)."""
 
 

@@ -11,13 +11,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from keraunos.errors import InputError
+
 #: Prefixes of the controller's variables that never reach an agent.
 PRIVATE_PREFIXES = ("KERAUNOS_", "AGL_")
 #: `AGL_KEY` when the gateway has auth off: agents' OpenAI clients insist on some key.
 NO_AUTH_KEY = "unused"
 
 
-class EnvMapError(ValueError):
+class EnvMapError(InputError):
     """A `config.local.env_map` entry cannot be resolved; the message names the variable and the path."""
 
 

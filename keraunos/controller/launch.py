@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keraunos.controller.environment import agent_environment
+from keraunos.errors import InputError
 from keraunos.protocol import RolloutConfig
 
 #: `config.timeout_seconds` of a rollout that did not set one (the wire model's default).
@@ -22,7 +23,7 @@ PROTOCOL_DEFAULT_TIMEOUT_S = RolloutConfig.model_fields["timeout_seconds"].defau
 AGENT_MAIN = "keraunos.controller._agent_main"
 
 
-class LaunchError(ValueError):
+class LaunchError(InputError):
     """The rollout cannot be started as configured; the message says what is missing or wrong."""
 
 

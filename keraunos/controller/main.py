@@ -30,6 +30,7 @@ from keraunos.controller.runners.local import LocalRunner
 from keraunos.controller.runners.warm import WarmPool, warm_environment
 from keraunos.controller.v1 import ListAndPatchSource
 from keraunos.controller.work import Assignment, WorkSource
+from keraunos.errors import KeraunosError
 
 if TYPE_CHECKING:
     from keraunos.controller.runners._k8s_api import KubeApi
@@ -45,7 +46,7 @@ TOKENS_FEATURE = "agent-tokens"
 LOGS_FEATURE = "attempt-logs"
 
 
-class StartupError(Exception):
+class StartupError(KeraunosError):
     """The controller cannot start; the message says why in one line."""
 
 

@@ -22,6 +22,7 @@ import structlog
 
 from keraunos.demo.config import DemoConfig
 from keraunos.demo.recipe import Recipe
+from keraunos.errors import KeraunosError
 
 log = structlog.get_logger("keraunos.demo")
 
@@ -33,7 +34,7 @@ DATASET_ROWS = 1000
 DATASET_SEED_OFFSET = 20_000
 
 
-class DemoError(Exception):
+class DemoError(KeraunosError):
     """The demo cannot run; the message says why in one line."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from keraunos.errors import KeraunosError
 
-class LedgerError(Exception):
+
+class LedgerError(KeraunosError):
     """Base of every error raised by a `Ledger`."""
 
 

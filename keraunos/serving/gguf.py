@@ -29,6 +29,7 @@ from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
 from keraunos._settings_cli import settings_command
+from keraunos.errors import InputError
 
 ENV_PREFIX = "KERAUNOS_CONVERT_GGUF_"
 
@@ -39,7 +40,7 @@ _PROBE_REPLY = " probe reply\n"
 _PROBE_QUESTION = "probe question"
 
 
-class GgufError(Exception):
+class GgufError(InputError):
     """The conversion cannot be done; the message is one line that says what to do about it."""
 
 

@@ -29,11 +29,13 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from keraunos.errors import InputError
+
 #: Marks the place of a remembered assistant content in the rendered template (Unicode private use).
 _MARKER = re.compile("(\ue000\\d+\ue001)")
 
 
-class PromptError(ValueError):
+class PromptError(InputError):
     """The request's messages or prompt cannot be turned into token ids; the message says why (400)."""
 
 

@@ -10,11 +10,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from keraunos.errors import InputError
+
 #: The most alternatives a request may ask for per token (vLLM's default --max-logprobs).
 MAX_LOGPROBS = 20
 
 
-class RequestError(Exception):
+class RequestError(InputError):
     """A request the server refuses, with its HTTP status and a message for the caller."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -20,17 +20,18 @@ from typing import Any
 import structlog
 import torch
 
+from keraunos.errors import InputError
 from keraunos.serving.detokenize import TextTracker
 from keraunos.serving.sampling import SamplingParams, draw, json_logprob, sampling_logprobs, top_alternatives
 
 log = structlog.get_logger("keraunos.serving")
 
 
-class WeightsError(ValueError):
+class WeightsError(InputError):
     """New weights do not fit the served model (unknown or missing names, other shapes, unreadable files)."""
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(InputError):
     """The model directory cannot be loaded; the message says what is wrong."""
 
 

@@ -1,8 +1,10 @@
 """A rollout's triplet events (full v1.0 `format=triplet`, or keraunos' `delta=1`) to `Triplet`s (pure).
 
 Failed model calls (status "error", an HTTP status outside 2xx, or an error body) are skipped, as
-are calls whose ids cannot be read; the reward is the value of the last `reward` event that has a
-finite number. Delta prompts (`{"prefix_of", "prefix_len", "suffix"}`, see
+are calls whose ids cannot be read (both counted); the other samples of a call's prompt (the
+`choices` of an `n > 1` call, the calls folded into it as `replaced_calls`) ride on its `Triplet`
+as `alternatives`, for the row builder to choose the one the agent went on with. The reward is the
+value of the last `reward` event that has a finite number. Delta prompts (`{"prefix_of", "prefix_len", "suffix"}`, see
 `keraunos.ledger._triplet_delta`) are resolved against the earlier events of the same list.
 """
 
@@ -15,13 +17,14 @@ from typing import Any
 import numpy as np
 import orjson
 
+from keraunos.errors import KeraunosError
 from keraunos.protocol import MODEL_REQUEST
-from keraunos.training._data import Triplet
+from keraunos.training._data import Sample, Triplet
 
 REWARD = "reward"
 
 
-class TripletReadError(ValueError):
+class TripletReadError(KeraunosError, ValueError):
     """The events cannot be read as triplets (a broken delta reference, a body that is not a list)."""
 
 
@@ -33,6 +36,7 @@ class ReadResult:
     reward: float | None
     failed_calls: int
     unreadable_calls: int
+    unreadable_choices: int = 0
 
 
 def read_events_json(raw: bytes) -> ReadResult:
@@ -81,10 +85,15 @@ class _Call:
 
 
 def read_events(events: list[Any]) -> ReadResult:
-    """The successful calls of a rollout, in order, and its final reward."""
+    """The successful calls of a rollout, in order, and its final reward.
+
+    Every sample of a call's prompt is kept on its `Triplet`: the other choices of an `n > 1` call
+    (`choices`) and the successful calls it replaced (`replaced_calls`) become `alternatives`.
+    """
     calls: dict[int, _Call] = {}
+    earlier: dict[int, list[Sample]] = {}  # event index -> samples of the calls it replaced
     reward: float | None = None
-    failed = unreadable = 0
+    failed = unreadable = unreadable_choices = 0
     for index, event in enumerate(events):
         if not isinstance(event, dict):
             continue
@@ -101,6 +110,16 @@ def read_events(events: list[Any]) -> ReadResult:
             continue
         response = _ids(data.get("response_token_ids"))
         call = _place(data.get("prompt_token_ids"), response, calls, index, data)
+        replaced = data.get("replaced_calls")
+        for other in replaced if isinstance(replaced, list) else ():
+            if not isinstance(other, dict) or _is_failed(other):
+                failed += 1
+            elif call is None or _ids(other.get("response_token_ids")) is None:
+                unreadable += 1
+            else:
+                samples, lost = _choice_samples(other)
+                earlier.setdefault(index, []).extend(samples)
+                unreadable_choices += lost
         if _is_failed(data):
             failed += 1
         elif call is None or response is None:
@@ -108,19 +127,52 @@ def read_events(events: list[Any]) -> ReadResult:
         else:
             call.keep = True
     triplets = []
-    for call in calls.values():
+    for index, call in calls.items():
+        samples = earlier.get(index, [])
         if call.keep:
-            tape = call.tape.array()
+            own, lost = _choice_samples(call.data)
+            unreadable_choices += lost
+            samples = samples + own[1:]
+        elif not samples:
+            continue
+        tape = call.tape.array()
+        if call.keep:
             response = tape[call.prompt_end : call.full_end]
-            triplets.append(
-                Triplet(
-                    prompt_ids=tape[: call.prompt_end],
-                    response_ids=response,
-                    logprobs=_logprobs(call.data.get("response_log_probs"), len(response)),
-                    model_version=_version(call.data.get("server")),
-                )
+            first = Sample(
+                response,
+                _logprobs(call.data.get("response_log_probs"), len(response)),
+                _version(call.data.get("server")),
             )
-    return ReadResult(triplets, reward, failed, unreadable)
+        else:  # this call failed, but a call it replaced did not: the latest of those stands first
+            first = samples.pop()
+        triplets.append(
+            Triplet(
+                prompt_ids=tape[: call.prompt_end],
+                response_ids=first.response_ids,
+                logprobs=first.logprobs,
+                model_version=first.model_version,
+                alternatives=tuple(samples),
+            )
+        )
+    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices)
+
+
+def _choice_samples(data: dict[str, Any]) -> tuple[list[Sample], int]:
+    """The samples of one call (every choice, or the top-level response alone) and how many choices
+    had no readable ids."""
+    version = _version(data.get("server"))
+    choices = data.get("choices")
+    if not isinstance(choices, list) or len(choices) < 2:
+        choices = [data]
+    samples: list[Sample] = []
+    lost = 0
+    for choice in choices:
+        ids = _ids(choice.get("response_token_ids")) if isinstance(choice, dict) else None
+        if ids is None:
+            lost += 1
+            continue
+        samples.append(Sample(ids, _logprobs(choice.get("response_log_probs"), len(ids)), version))
+    return samples, lost
 
 
 def _place(

@@ -37,6 +37,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
+from keraunos.errors import KeraunosError
 from keraunos.protocol import RolloutConfig
 from keraunos.training._data import CompletedRollout
 from keraunos.training._outcome import FailedPolicy, SiblingOutcome, settle_group
@@ -105,7 +106,7 @@ class CollectorConfig(LayeredSettings):
         return self
 
 
-class CollectorError(RuntimeError):
+class CollectorError(KeraunosError, RuntimeError):
     """The server answered in a way the collector cannot work with; the message says what and where."""
 
 

@@ -43,10 +43,13 @@ import httpx
 import numpy as np
 import structlog
 
+from keraunos._metrics_http import MetricsServerError
 from keraunos._parent import parent_env
 from keraunos._subprocess import free_port, stop_process
+from keraunos.errors import KeraunosError
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages
 from keraunos.training.collect import CollectedBatch, CollectorConfig, RolloutCollector
+from keraunos.training.metrics import TrainerMetrics, serve_trainer_metrics
 from keraunos.training.train_config import TrainConfig
 from keraunos.training.trajectories import TrajectoryConfig, build_rows
 
@@ -55,7 +58,7 @@ log = structlog.get_logger("keraunos.training.loop")
 T = TypeVar("T")
 
 
-class TrainError(Exception):
+class TrainError(KeraunosError):
     """The run cannot go on; the message says why in one line (and where the logs are)."""
 
 
@@ -628,6 +631,12 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
         child = start_controller(config, gateway, key, run_dir)
         children.append(child)
         stack.callback(child.stop)  # stopped before the gateway: callbacks run last in, first out
+    metrics = TrainerMetrics()  # GET /metrics on metrics_port (docs/training-loop.md "Metrics")
+    if config.metrics_port:
+        try:
+            stack.callback(serve_trainer_metrics(metrics, config, key).stop)
+        except MetricsServerError as exc:
+            raise TrainError(str(exc)) from None
 
     from transformers.utils import logging as transformers_logging
 
@@ -736,7 +745,7 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
             # Resumed: the rows the earlier steps took (exact in sync mode) are skipped.
             source = itertools.islice(source, first * config.batch_size, None)
             for step in range(first, config.steps):
-                await loop.step(step, source)
+                metrics.observe_step(await loop.step(step, source))
                 if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
                     _checkpoint(trainer, step_dir(checkpoints, trainer.global_step))
         _checkpoint(trainer, step_dir(checkpoints, trainer.global_step))

@@ -109,7 +109,7 @@ import sys
 import keraunos.agent as agent
 stored = agent.emit_reward(0.5, source="bare")
 heavy = sorted(m for m in ("pydantic", "numpy", "orjson", "structlog", "typer", "yaml", "fastapi") if m in sys.modules)
-mine = sorted(m for m in sys.modules if m.startswith("keraunos") and not m.startswith("keraunos.agent") and m != "keraunos")
+mine = sorted(m for m in sys.modules if m.startswith("keraunos") and not m.startswith("keraunos.agent") and m not in ("keraunos", "keraunos.errors"))
 print(json_dumps({"stored": stored["data"], "heavy": heavy, "keraunos": mine}))
 """.replace("json_dumps", "__import__('json').dumps")
 

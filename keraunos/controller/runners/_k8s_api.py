@@ -18,11 +18,13 @@ from kr8s import ServerError
 from kr8s._exceptions import APITimeoutError
 from kr8s.asyncio import Api
 
+from keraunos.errors import KeraunosError
+
 #: (API group, version) of each resource the runner touches.
 _GROUPS = {"jobs": ("batch", "batch/v1"), "pods": ("", "v1"), "pods/log": ("", "v1")}
 
 
-class KubeError(Exception):
+class KubeError(KeraunosError):
     """A Kubernetes API call failed: `status` is the HTTP status (None: no answer), `reason` the
     API's reason (`AlreadyExists`, `Invalid`, `Expired`, ...)."""
 

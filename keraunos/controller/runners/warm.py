@@ -28,6 +28,7 @@ import structlog
 from keraunos.controller.environment import PRIVATE_PREFIXES
 from keraunos.controller.launch import Launch
 from keraunos.controller.runners import _procfs
+from keraunos.errors import InputError
 
 log = structlog.get_logger("keraunos.controller")
 
@@ -40,7 +41,7 @@ class WarmUnavailable(Exception):
     """No warm worker is alive to fork the agent; start it cold instead."""
 
 
-class WarmStartError(ValueError):
+class WarmStartError(InputError):
     """The worker could not load the agent class; the message says why (the attempt's reason)."""
 
 

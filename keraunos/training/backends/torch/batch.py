@@ -14,11 +14,12 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from keraunos.errors import InputError
 from keraunos.training.advantages import rollout_loss_weights, token_advantages
 from keraunos.training.trajectories import Rows
 
 
-class BatchError(ValueError):
+class BatchError(InputError):
     """The rows given to the trainer are inconsistent (shapes, empty prompts, non-finite values)."""
 
 

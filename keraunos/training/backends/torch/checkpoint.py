@@ -28,13 +28,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from keraunos.errors import KeraunosError
+
 FORMAT = "keraunos-torch-trainer/1"
 MODEL_DIR = "model"
 STATE_FILE = "trainer.safetensors"
 _STEP_DIR = re.compile(r"^step-(\d+)\Z")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(KeraunosError, RuntimeError):
     """A checkpoint directory is missing, incomplete, or not one this trainer wrote."""
 
 

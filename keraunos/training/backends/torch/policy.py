@@ -16,10 +16,12 @@ from typing import Any
 
 import torch
 
+from keraunos.errors import KeraunosError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class PolicyLoadError(RuntimeError):
+class PolicyLoadError(KeraunosError, RuntimeError):
     """A model directory could not be loaded as a causal LM with its tokenizer."""
 
 
