@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from keraunos.controller._urls import path_segment
 from keraunos.errors import KeraunosError
 
 
@@ -81,7 +82,7 @@ class GatewayClient:
 
     async def get_rollout(self, rollout_id: str) -> dict[str, Any] | None:
         """The rollout's wire JSON, or None when it does not exist (deleted)."""
-        response = await self._request("GET", f"/api/rollouts/{rollout_id}", ok=(200, 404))
+        response = await self._request("GET", f"/api/rollouts/{path_segment(rollout_id)}", ok=(200, 404))
         return response.json()["rollout"] if response.status_code == 200 else None
 
     async def terminal_page(self, after: int, limit: int) -> dict[str, Any]:
@@ -92,7 +93,7 @@ class GatewayClient:
     async def patch_status(self, rollout_id: str, status: dict[str, Any]) -> dict[str, Any] | None:
         """Patch the rollout's status; the rollout after, or None when the move is refused (409) or it is gone."""
         response = await self._request(
-            "PATCH", f"/api/rollouts/{rollout_id}", json={"status": status}, ok=(200, 404, 409)
+            "PATCH", f"/api/rollouts/{path_segment(rollout_id)}", json={"status": status}, ok=(200, 404, 409)
         )
         return response.json() if response.status_code == 200 else None
 
@@ -107,7 +108,7 @@ class GatewayClient:
         """Renew the attempt's lease; False when it is no longer current (409) or the rollout is gone (404)."""
         response = await self._request(
             "POST",
-            f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/heartbeat",
+            f"/api/rollouts/{path_segment(rollout_id)}/attempt/{path_segment(attempt_id)}/heartbeat",
             json={"controller_id": controller_id},
             ok=(200, 404, 409),
         )
@@ -130,7 +131,7 @@ class GatewayClient:
             body["controller_id"] = controller_id
         response = await self._request(
             "POST",
-            f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/finish",
+            f"/api/rollouts/{path_segment(rollout_id)}/attempt/{path_segment(attempt_id)}/finish",
             json=body,
             ok=(200, 404, 409),
         )
@@ -140,7 +141,7 @@ class GatewayClient:
         """Store the attempt's log; False when the rollout is gone (404)."""
         response = await self._request(
             "PUT",
-            f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/logs",
+            f"/api/rollouts/{path_segment(rollout_id)}/attempt/{path_segment(attempt_id)}/logs",
             content=text,
             headers={"content-type": "text/plain; charset=utf-8"},
             ok=(200, 201, 204, 404),
@@ -149,7 +150,9 @@ class GatewayClient:
 
     async def mint_token(self, rollout_id: str, attempt_id: str) -> str:
         """An agent token for an attempt the controller names itself (list-and-patch mode)."""
-        response = await self._request("POST", f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/token")
+        response = await self._request(
+            "POST", f"/api/rollouts/{path_segment(rollout_id)}/attempt/{path_segment(attempt_id)}/token"
+        )
         return response.json()["token"]
 
 

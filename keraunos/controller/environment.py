@@ -1,8 +1,8 @@
-"""The agent environment contract (PROTOCOL.md "Agent environment contract"), as pure functions.
+"""The agent environment contract (docs/protocol.md#agent-environment), as pure functions.
 
 An agent gets the controller's environment minus every `KERAUNOS_*` and `AGL_*` variable (the
 controller's own settings and secrets never leak in), plus `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL`,
-`AGL_KEY`, and one variable per `config.local.env_map` entry.
+`AGL_KEY`, and one variable per `config.local.env_map` entry. Ids in the URLs are percent-encoded.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from keraunos.controller._urls import path_segment
 from keraunos.errors import InputError
 
 #: Prefixes of the controller's variables that never reach an agent.
@@ -26,12 +27,13 @@ class EnvMapError(InputError):
 def proxy_base_url(gateway: str, rollout_id: str, attempt_id: str, is_train: bool) -> str:
     """`AGL_OPENAI_BASE_URL` of an attempt: its proxy path, in train or val mode."""
     mode = "train" if is_train else "val"
-    return f"{gateway}/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
+    rollout, attempt = path_segment(rollout_id), path_segment(attempt_id)
+    return f"{gateway}/proxy/rollout/{rollout}/attempt/{attempt}/mode/{mode}/openai/v1"
 
 
 def event_url(gateway: str, rollout_id: str, attempt_id: str) -> str:
     """`AGL_EVENT_URL` of an attempt: where the agent posts its reward."""
-    return f"{gateway}/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"
+    return f"{gateway}/api/rollouts/{path_segment(rollout_id)}/attempt/{path_segment(attempt_id)}/events"
 
 
 def resolve_env_map(env_map: Mapping[str, str], rollout_input: Any) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -60,3 +61,13 @@ def test_an_id_too_long_or_with_a_colon_becomes_a_hashed_label_value() -> None:
     assert label_value("run:1") != "run:1" and label_value("run:1").startswith("run-1-")
     assert len(label_value("a" * 128)) <= 63
     assert label_value("a" * 100) != label_value("a" * 101)
+
+
+@pytest.mark.parametrize("value", ["run-1\n", "run-1\n\n", "\nrun-1", "run-1\r\n", "a" * 63 + "\n"])
+def test_an_id_with_a_newline_gets_the_hashed_label_not_itself(value: str) -> None:
+    # Python's `$` matches before a final newline; the patterns end in \Z, so `run-1\n` is no label value.
+    assert not is_label_value(value)
+    label = label_value(value)
+    assert label != value and "\n" not in label and is_label_value(label)
+    assert label.startswith(value.strip()[:20]) and label_value(value.strip()) != label
+    assert not is_dns_label(value.lower())

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from keraunos.controller.runners._paths import record_stem
+
 
 class StateDirBusy(Exception):
     """Another controller holds the state directory."""
@@ -39,8 +41,8 @@ class AgentRecord:
 
     @property
     def key(self) -> str:
-        """File-name stem of the record ('@' cannot occur in an id)."""
-        return f"{self.rollout_id}@{self.attempt_id}"
+        """File-name stem of the record: the ids as file-name components (`_paths`) joined by '@'."""
+        return record_stem(self.rollout_id, self.attempt_id)
 
 
 class StateDir:
