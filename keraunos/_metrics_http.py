@@ -15,6 +15,8 @@ app that serves only `/metrics`, run by uvicorn in a background thread of its pr
 from __future__ import annotations
 
 import hmac
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -119,22 +121,34 @@ class MetricsServer:
         `MetricsServerError` when the port cannot be served."""
         import uvicorn
 
+        # Bound here, not by uvicorn, so a taken port is an error in the caller's thread.
+        try:
+            sock = socket.create_server(
+                (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+            )
+        except OSError as exc:
+            # create_server's message repeats the address; a failed name lookup has a negative errno.
+            errno = exc.errno or 0
+            reason = os.strerror(errno) if errno > 0 else (exc.strerror or str(exc))
+            raise MetricsServerError(
+                f"cannot serve metrics on {host}:{port}: {reason}; pick another metrics port"
+            ) from None
         app = MetricsApp(registry, key=key, public=public)
-        config = uvicorn.Config(app, host=host, port=port, lifespan="on", access_log=False, log_config=None)
+        config = uvicorn.Config(app, lifespan="on", access_log=False, log_config=None)
         userver = uvicorn.Server(config)
-        thread = threading.Thread(target=userver.run, name="keraunos-metrics", daemon=True)
+        thread = threading.Thread(
+            target=userver.run, kwargs={"sockets": [sock]}, name="keraunos-metrics", daemon=True
+        )
         thread.start()
         deadline = time.monotonic() + ready_timeout
         while not userver.started:
-            # uvicorn ends its thread when it cannot bind (the port is taken, the host unknown).
             if not thread.is_alive() or time.monotonic() > deadline:
                 userver.should_exit = True
-                raise MetricsServerError(
-                    f"cannot serve metrics on {host}:{port} (is the port taken?); pick another metrics port"
-                )
+                sock.close()
+                raise MetricsServerError(f"the metrics server on {host}:{port} did not start")
             time.sleep(0.01)
-        bound = userver.servers[0].sockets[0].getsockname()[1]
-        return cls(userver, thread, f"http://{host}:{bound}")
+        shown = f"[{host}]" if ":" in host else host
+        return cls(userver, thread, f"http://{shown}:{sock.getsockname()[1]}")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and wait for the thread to end."""

@@ -180,6 +180,23 @@ class TrainConfig(LayeredSettings):
         default=True, description="Write TensorBoard events when the tensorboard package is installed."
     )
     log_level: LogLevel = Field(default="warning", description="Least severe log level written to stderr.")
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Serve the trainer's Prometheus metrics at GET /metrics on this port (0: not served).",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1", description="Interface of the metrics port (0.0.0.0 for all)."
+    )
+    metrics_key: str = Field(
+        default="",
+        description="Key GET /metrics needs ('Authorization: Bearer KEY' or 'x-api-key: KEY'); "
+        "default: the run's gateway key (an embedded gateway's fresh random key unless key is set).",
+    )
+    metrics_public: bool = Field(
+        default=False, description="Serve GET /metrics without any key (for scrapers without credentials)."
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod
