@@ -24,6 +24,7 @@ import structlog
 
 from keraunos.controller.launch import Launch, LaunchError
 from keraunos.controller.runners import _procfs
+from keraunos.controller.runners._paths import attempt_log_path
 from keraunos.controller.runners._state import AgentRecord, StateDir
 from keraunos.controller.runners.warm import ForkedProcess, WarmPool, WarmStartError, WarmUnavailable
 
@@ -132,22 +133,27 @@ class LocalRunner:
         self.warm = warm
 
     def log_path(self, rollout_id: str, attempt_id: str) -> Path:
-        """The log file of one attempt (ids are safe as file names)."""
-        return self.log_dir / rollout_id / f"{attempt_id}.log"
+        """The log file of one attempt, inside `log_dir` whatever the ids hold (`_paths`)."""
+        return attempt_log_path(self.log_dir, rollout_id, attempt_id)
 
     async def start(self, launch: Launch) -> LocalAgent:
         """Start the agent of `launch` in a new session; raises `LaunchError` if it cannot be started."""
         log_path = self.log_path(launch.rollout_id, launch.attempt_id)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         record = AgentRecord(
             rollout_id=launch.rollout_id,
             attempt_id=launch.attempt_id,
             log_path=str(log_path),
             started_at=time.time(),
         )
-        # Recorded before the process exists, so a crash in between still leaves the attempt to report.
-        self.state.write(record)
-        process = await self._spawn(launch, log_path)
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            # Recorded before the process exists, so a crash in between still leaves the attempt to report.
+            self.state.write(record)
+            process = await self._spawn(launch, log_path)
+        except OSError as exc:  # a full disk, a read-only log dir: this attempt fails, the controller goes on
+            raise LaunchError(
+                f"cannot open the agent's log {log_path} or its state record: {exc.strerror or exc}"
+            ) from exc
         record = replace(record, pgid=process.pid, start_time=_procfs.start_time(process.pid))
         self.state.write(record)
         log.info(
@@ -262,8 +268,12 @@ def _leader_gone(leader: AgentProcess | None) -> bool:
 
 
 def _append(path: Path, text: str) -> None:
-    with path.open("a", encoding="utf-8") as file:
-        file.write(text)
+    """Add a controller note to an attempt's log; a log that cannot be written loses the note only."""
+    try:
+        with path.open("a", encoding="utf-8") as file:
+            file.write(text)
+    except OSError as exc:
+        log.warning("cannot write to an attempt's log", path=str(path), error=str(exc))
 
 
 def read_log_tail(path: Path, max_bytes: int) -> bytes:
