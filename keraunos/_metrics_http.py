@@ -25,6 +25,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import Receive, Scope, Send
 
+from keraunos.errors import KeraunosError
+
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "MetricsServer",
@@ -37,7 +39,7 @@ __all__ = [
 UNAUTHORIZED_BODY = b'{"detail":"Invalid or missing API key"}'
 
 
-class MetricsServerError(RuntimeError):
+class MetricsServerError(KeraunosError):
     """The metrics port could not be served (taken, or the host cannot be bound); says which."""
 
 

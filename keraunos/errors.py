@@ -23,6 +23,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── GatewayUnreachable    controller.client: the gateway could not be reached
     ├── KubeError             controller.runners._k8s_api: the Kubernetes API refused (KubeForbidden)
     ├── StartupError          controller.main: the controller cannot start
+    ├── MetricsServerError    _metrics_http: a metrics port that cannot be served (taken, unknown host)
     ├── AgentLoadError        controller._agent_main: an agent's entry point failed to load
     ├── AgentError            agent: NotInRolloutError, EventRejectedError (the agent SDK)
     ├── TrainError            training.loop: a training run cannot go on
