@@ -1,4 +1,4 @@
-"""Wire models of the gateway's HTTP protocol (see PROTOCOL.md), shared by every component.
+"""Wire models of the gateway's HTTP protocol (docs/protocol.md), shared by every component.
 
 Field names, defaults and state rules follow Agent Lightning v1.0 exactly; what keraunos adds is
 optional. This module holds data shapes and the pure rules over them, nothing else.
@@ -164,7 +164,7 @@ class AttemptOutcome(StrEnum):
     LOST = "lost"
 
 
-#: Attempts a rollout gets when its `config.max_attempts` is unset (PROTOCOL.md: default 1).
+#: Attempts a rollout gets when its `config.max_attempts` is unset (docs/protocol.md#attempts: 1).
 DEFAULT_MAX_ATTEMPTS = 1
 #: Seconds between a failed attempt and the next claim of its rollout when `retry_backoff_seconds`
 #: is unset.

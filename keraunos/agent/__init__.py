@@ -1,7 +1,7 @@
 """The agent-side SDK: what runs inside an agent process. It needs only `httpx`.
 
-The runner hands the agent its rollout through the environment (PROTOCOL.md, "Agent environment
-contract"); these helpers read it and post events back:
+The runner hands the agent its rollout through the environment (docs/protocol.md#agent-environment);
+these helpers read it and post events back:
 
     from openai import OpenAI
     from keraunos.agent import api_key, emit_reward, openai_base_url

@@ -1,4 +1,4 @@
-"""The agent environment contract of PROTOCOL.md, read from `os.environ` (or any mapping passed in).
+"""The agent environment contract (docs/protocol.md#agent-environment), from `os.environ` or a mapping.
 
 A runner starts each agent with `AGL_OPENAI_BASE_URL`
 (`{server}/proxy/rollout/{rid}/attempt/{aid}/mode/{mode}/openai/v1`), `AGL_EVENT_URL`

@@ -22,7 +22,7 @@ REWARD = "reward"
 
 
 def reward_data(value: float, info: dict[str, Any]) -> dict[str, Any]:
-    """The `data` of a reward event: `{"value": value, **info}` (PROTOCOL.md: message, source, reason...).
+    """The `data` of a reward event: `{"value": value, **info}` (docs/protocol.md#events: message, source...).
 
     Raises ValueError for a value that is not a finite number (bools included: `True` is no reward).
     """

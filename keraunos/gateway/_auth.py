@@ -3,7 +3,7 @@
 The server key is accepted as `Authorization: Bearer KEY` or `x-api-key: KEY` and compared in
 constant time; it grants everything, as in Agent Lightning v1.0. An agent token (see `_tokens`) in
 the same headers grants only its own attempt's proxy paths and its own events URL, and only while
-that attempt is current (PROTOCOL.md "Agent tokens"). Public paths (health check, API docs) need
+that attempt is current (docs/protocol.md#agent-tokens). Public paths (health check, API docs) need
 no key.
 """
 

@@ -1,4 +1,4 @@
-"""Agent tokens: stateless HMAC-SHA256 credentials scoped to one attempt (PROTOCOL.md "Agent tokens").
+"""Agent tokens: stateless HMAC-SHA256 credentials scoped to one attempt (docs/protocol.md#agent-tokens).
 
 A token is `kat1.<payload>.<mac>`, both parts unpadded base64url: the payload is
 `"{rollout_id} {attempt_id} {expires_at}"` (ids cannot hold a space), the mac is HMAC-SHA256 over

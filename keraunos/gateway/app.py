@@ -43,7 +43,7 @@ _HEALTHZ = b'{"status":"ok"}'
 
 
 def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination | None = None) -> FastAPI:
-    """The gateway app serving PROTOCOL.md's `/api` and `/proxy` over `ledger` (which the caller
+    """The gateway app serving docs/protocol.md's `/api` and `/proxy` over `ledger` (which the caller
     opens and closes). Its lifespan opens the proxy's HTTP client and drains proxy calls on shutdown.
     `coordination` shares pause/drain with other replicas of the ledger (default: this process only;
     see `keraunos.gateway.replicas.coordination_for`)."""

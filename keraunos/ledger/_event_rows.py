@@ -34,7 +34,7 @@ def decode_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) ->
 
 
 def decode_triplet_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
-    """One attempt's events in the trimmed `format=triplet` shape of PROTOCOL.md."""
+    """One attempt's events in the trimmed `format=triplet` shape of docs/protocol.md#triplet-view."""
     return dedupe_model_requests(_decode(rollout_id, attempt_id, rows, _decode_call_triplet, trim_reward))
 
 

@@ -121,7 +121,7 @@ def _finite(value: Any) -> bool:
 
 
 def transition_sources(target: RolloutState) -> tuple[str, ...]:
-    """The states a rollout may move to `target` from (the state machine of PROTOCOL.md)."""
+    """The states a rollout may move to `target` from (the state machine of docs/protocol.md#rollouts)."""
     return tuple(s.value for s in RolloutState if can_transition(s, target))
 
 

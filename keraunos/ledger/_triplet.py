@@ -1,4 +1,4 @@
-"""The `format=triplet` projection of events (PROTOCOL.md), with Agent Lightning v1.0's semantics.
+"""The `format=triplet` projection of events (docs/protocol.md#triplet-view), as Agent Lightning v1.0 has it.
 
 A trainer reads a rollout's events in this shape: each `model_request` reduced to its prompt ids,
 response ids and log probs, each `reward` to its value, and retried calls (same prompt ids) reduced

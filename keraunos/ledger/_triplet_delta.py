@@ -1,4 +1,4 @@
-"""The compact `format=triplet&delta=1` read (PROTOCOL.md, keraunos extensions): prompts as deltas.
+"""The compact `format=triplet&delta=1` read (docs/protocol.md#delta-form): prompts as deltas.
 
 An agent's calls usually resend the whole history, so call k+1's prompt starts with call k's
 prompt + response. Sending every prompt in full makes a rollout's triplet read quadratic in its

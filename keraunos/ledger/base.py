@@ -120,7 +120,7 @@ class Ledger(abc.ABC):
     async def attempts_with_events(self, rollout_id: str) -> list[str]:
         """Attempt ids of the rollout that have events, ordered by their first event."""
 
-    # The attempt protocol (PROTOCOL.md "Attempts"). A rollout stays `running` across its attempts.
+    # The attempt protocol (docs/protocol.md#attempts). A rollout stays `running` across its attempts.
     # An attempt is live (`running`) while it holds a lease; `now` (the gateway's clock) judges
     # leases: a lease that expired at or before `now` is over, whether or not the sweep ran yet.
     # A rollout moved to a terminal state by `patch_rollout` ends its live attempt as `cancelled`.
@@ -245,7 +245,7 @@ class Ledger(abc.ABC):
     async def list_triplet_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None
     ) -> list[EventDict]:
-        """Events of one attempt in the trimmed `format=triplet` shape of PROTOCOL.md.
+        """Events of one attempt in the trimmed `format=triplet` shape of docs/protocol.md#triplet-view.
 
         `model_request` data is reduced to token ids, log probs and server; `reward` data to its
         value; among model requests with identical non-empty prompt ids only the last is kept.

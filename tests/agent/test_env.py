@@ -1,4 +1,4 @@
-"""The environment contract as the agent SDK reads it (PROTOCOL.md, "Agent environment contract")."""
+"""The environment contract as the agent SDK reads it (docs/protocol.md#agent-environment)."""
 
 from __future__ import annotations
 

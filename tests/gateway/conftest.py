@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 #: Modules whose tests run on a gateway with a SQLite ledger and on one with a PostgreSQL ledger:
-#: every API specification module (PROTOCOL.md's /api routes, auth included, and the triplet read).
+#: every API specification module (docs/protocol.md#authentication and the /api routes, and the triplet read).
 ON_BOTH_BACKENDS = frozenset(
     {
         "test_api_access",

@@ -1,4 +1,4 @@
-"""The attempt protocol of PROTOCOL.md (claim, heartbeat, finish, lease sweep, attempt logs) over
+"""The attempts of docs/protocol.md#attempts (claim, heartbeat, finish, lease sweep, attempt logs) over
 HTTP against a real `keraunos gateway` process.
 
 Claims take any queuing rollout, so this module runs its own gateway (not the shared one) with

@@ -1,4 +1,4 @@
-"""The Event API of PROTOCOL.md, full and `format=triplet`, over HTTP."""
+"""The Event API (docs/protocol.md#events), full and `format=triplet`, over HTTP."""
 
 from __future__ import annotations
 

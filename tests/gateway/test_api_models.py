@@ -1,4 +1,4 @@
-"""The Model API of PROTOCOL.md (plus keraunos' listing and filtered delete), over HTTP."""
+"""The Model API (docs/protocol.md#models; plus keraunos' listing and filtered delete), over HTTP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Rollout API of PROTOCOL.md, over HTTP against a real `keraunos gateway` process."""
+"""The Rollout API (docs/protocol.md#rollouts), over HTTP against a real `keraunos gateway` process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The terminal cursor (`GET /api/rollouts/terminal`) of PROTOCOL.md, over HTTP.
+"""The terminal cursor (`GET /api/rollouts/terminal`) of docs/protocol.md#rollouts, over HTTP.
 
 The shared gateway holds rollouts of other tests, so each test starts at the cursor's current end.
 """

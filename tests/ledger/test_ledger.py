@@ -1,4 +1,4 @@
-"""What every `Ledger` backend promises (keraunos.ledger.base and PROTOCOL.md), backend by backend.
+"""What every `Ledger` backend promises (keraunos.ledger.base, docs/protocol.md#rollouts), backend by backend.
 
 Each test runs against a real, freshly created store of every backend in `conftest.BACKENDS`.
 """

@@ -1,4 +1,4 @@
-"""The `format=triplet` projection, as Agent Lightning v1.0 defines it (PROTOCOL.md, "Event API")."""
+"""The `format=triplet` projection, as Agent Lightning v1.0 defines it (docs/protocol.md#triplet-view)."""
 
 from __future__ import annotations
 

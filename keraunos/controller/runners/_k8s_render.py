@@ -22,7 +22,8 @@ every `$` of an expression's output replaced by a private-use character, and the
 compared field by field. The text of a macro or a call block comes out of an expression, so it
 counts as data there. The controller's own values (`AGL_*`) are escaped the same way.
 
-The result must be exactly one YAML document of kind Job. The runner then forces what PROTOCOL.md
+The result must be exactly one YAML document of kind Job. The runner then forces what
+docs/protocol.md#agent-environment
 fixes: name, namespace, labels (`app.kubernetes.io/managed-by`, the controller instance, rollout
 and attempt id), the exact ids as annotations, `backoffLimit: 0`, `restartPolicy: Never`,
 `ttlSecondsAfterFinished`, `activeDeadlineSeconds` = the attempt timeout, and the agent

@@ -1,7 +1,8 @@
 """The Kubernetes runner: each attempt's agent is one Job, created through kr8s and watched.
 
 `start` renders the rollout's job template (`config.k8s.job_template`, else the controller's
-default) into exactly one Job with the fields PROTOCOL.md fixes and the agent environment contract
+default) into exactly one Job with the fields
+docs/protocol.md#agent-environment fixes and the agent environment contract
 (`_k8s_render`); a template that cannot make one fails only that attempt. The Job is created by
 the attempt's own task, paced by a token bucket (`k8s_max_jobs_per_minute`, `k8s_job_burst`):
 a 422 (or 400/404) fails the attempt with the API's message; `AlreadyExists` for a Job made for

@@ -1,1 +1,1 @@
-"""The `/api` routes of PROTOCOL.md, one module per resource."""
+"""The `/api` routes (docs/protocol.md#rollouts and the sections after it), one module per resource."""

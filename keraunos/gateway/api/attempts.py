@@ -1,4 +1,4 @@
-"""The attempt protocol (PROTOCOL.md "Attempts", "Attempt logs"): claim, heartbeat, finish, logs.
+"""The attempt protocol (docs/protocol.md#attempts): claim, heartbeat, finish, logs.
 
 Controllers claim rollouts, keep their attempts' leases alive and report how each ended; the
 gateway's clock judges leases, and `attempt_sweeper` (run in the app's lifespan) finishes attempts

@@ -1,4 +1,4 @@
-"""Event API (PROTOCOL.md "Event API"): append an event to an attempt, read a rollout's events."""
+"""Event API (docs/protocol.md#events): append an event to an attempt, read a rollout's events."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from keraunos.protocol import ServerInfo
 
 router = APIRouter(prefix="/api", tags=["info"])
 
-#: Extensions of PROTOCOL.md this gateway implements; clients look names up here before using one.
+#: Extensions this gateway implements (docs/protocol.md#server); clients look names up here before using one.
 FEATURES: tuple[str, ...] = (
     "ids",  # rollout and attempt ids are validated (422 otherwise)
     "body-limits",  # request bodies over max_body_bytes get 413

@@ -1,4 +1,4 @@
-"""Model API (PROTOCOL.md "Model API"): register, list and remove model inference endpoints."""
+"""Model API (docs/protocol.md#models): register, list and remove model inference endpoints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rollout API (PROTOCOL.md "Rollout API"): create, list, read, patch status, delete, terminal cursor."""
+"""Rollout API (docs/protocol.md#rollouts): create, list, read, patch status, delete, terminal cursor."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `model_request` event of one completed upstream call (pure): PROTOCOL.md's record shape."""
+"""The `model_request` event of one completed upstream call (pure): docs/protocol.md#events."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from keraunos.gateway.proxy.upstream import Answer
 from keraunos.ledger import WireCall, read_json
 from keraunos.protocol import Model
 
-#: `status` of a call the agent left before it ended (keraunos extension of PROTOCOL.md's ok/error).
+#: `status` of a call the agent left before it ended (docs/protocol.md#events; v1.0 has ok and error).
 CLIENT_DISCONNECTED = "client_disconnected"
 
 

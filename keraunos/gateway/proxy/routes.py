@@ -1,4 +1,4 @@
-"""The proxy's HTTP routes (PROTOCOL.md "Proxy"): model calls, `GET .../models`, pause and drain.
+"""The proxy's HTTP routes (docs/protocol.md#proxy): model calls, `GET .../models`, pause and drain.
 
 A model call is checked (mode, path, body, rollout, endpoints), shaped, sent upstream with retries,
 recorded as one `model_request` event committed to the ledger, and only then answered with the

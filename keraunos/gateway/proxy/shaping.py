@@ -1,4 +1,4 @@
-"""What the proxy sends upstream for an agent's request (pure): PROTOCOL.md's shaping rules.
+"""What the proxy sends upstream for an agent's request (pure): the shaping rules of docs/protocol.md#proxy.
 
 The agent's body is forwarded as it is, except: `model` becomes the served model, `temperature` the
 mode's configured value, `return_token_ids` is switched on (vLLM then returns prompt and response

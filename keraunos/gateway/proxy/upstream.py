@@ -1,4 +1,4 @@
-"""One proxied model call against the endpoints of the served model, with PROTOCOL.md's retries.
+"""One proxied model call against the endpoints of the served model, retried as docs/protocol.md#proxy says.
 
 Timeouts, transport errors and the statuses 408/409/429/5xx are retried with jittered exponential
 backoff. Only a timeout, a connection problem or a 503 puts the endpoint in cool-down (a 400 says

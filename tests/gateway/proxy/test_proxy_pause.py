@@ -1,4 +1,4 @@
-"""Pause and drain (PROTOCOL.md "Proxy"): 429 while paused, in-flight calls finish, SIGTERM drains."""
+"""docs/protocol.md#pause-and-drain: 429 while paused, in-flight calls finish, SIGTERM drains."""
 
 from __future__ import annotations
 

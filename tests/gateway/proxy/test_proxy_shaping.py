@@ -1,4 +1,4 @@
-"""Request shaping (PROTOCOL.md "Proxy") and retry backoff, as pure functions."""
+"""Request shaping (docs/protocol.md#proxy) and retry backoff, as pure functions."""
 
 from __future__ import annotations
 

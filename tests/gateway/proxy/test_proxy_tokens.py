@@ -1,4 +1,4 @@
-"""Agent tokens end to end (PROTOCOL.md "Agent tokens"): scope, fencing, and what stays as it was.
+"""Agent tokens end to end (docs/protocol.md#agent-tokens): scope, fencing, and what stays as it was.
 
 A token grants its own attempt's proxy paths and a POST to its own events URL, while that attempt
 is current; the server key keeps v1.0 behaviour everywhere. Real gateways, engine stand-in upstream.
