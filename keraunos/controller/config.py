@@ -120,6 +120,23 @@ class ControllerConfig(LayeredSettings):
     )
     request_timeout_s: float = Field(default=30.0, gt=0.0, description="Timeout of one gateway request.")
     log_level: LogLevel = Field(default="info", description="Least severe log level written to stderr.")
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus metrics at GET /metrics on this port (attempts started and ended, "
+        "loop errors, pool use). 0: no metrics server.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address the metrics server listens on (0.0.0.0: every interface).",
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="Serve GET /metrics without the server key (for Prometheus scrapers without "
+        "credentials); by default it needs --key, as Authorization: Bearer KEY or x-api-key, like the "
+        "gateway's.",
+    )
     k8s_job_template: str = Field(
         default="",
         description="k8s runner: Jinja2 template of one Job (variables job_name and input, filter "
@@ -192,6 +209,12 @@ class ControllerConfig(LayeredSettings):
     )
     k8s_log_tail_lines: int = Field(
         default=10000, ge=1, description="k8s runner: lines of each pod's log collected when its Job ends."
+    )
+    k8s_max_job_bytes: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        description="k8s runner: most bytes a rendered job template may have, and its Job as JSON; a "
+        "template past it fails its attempt.",
     )
 
     @field_validator("log_level", "protocol", "runner", mode="before")

@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from keraunos._metrics_http import MetricsServer, MetricsServerError
 from keraunos._parent import watch_parent
 from keraunos.controller.attempts import AttemptsSource
 from keraunos.controller.client import GatewayClient, GatewayError, GatewayUnreachable
 from keraunos.controller.config import ControllerConfig
 from keraunos.controller.launch import Defaults, Launch, plan_launch
+from keraunos.controller.metrics import ControllerMetrics
 from keraunos.controller.reconcile import LocalAgents, LoopSettings, Reconciler
 from keraunos.controller.runners._state import StateDir, StateDirBusy
 from keraunos.controller.runners.local import LocalRunner
@@ -140,11 +142,35 @@ async def _run(config: ControllerConfig) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-            if config.runner == "k8s":
-                return await _run_k8s(config, client, source, stop)
-            return await _run_local(config, state, source, stop)
+            metrics = ControllerMetrics()
+            server = _serve_metrics(config, metrics)
+            try:
+                if config.runner == "k8s":
+                    return await _run_k8s(config, client, source, stop, metrics)
+                return await _run_local(config, state, source, stop, metrics)
+            finally:
+                if server is not None:
+                    server.stop()
     finally:
         state.release()
+
+
+def _serve_metrics(config: ControllerConfig, metrics: ControllerMetrics) -> MetricsServer | None:
+    """Start the `/metrics` server when `--metrics-port` is set (None when it is 0)."""
+    if not config.metrics_port:
+        return None
+    try:
+        server = MetricsServer.start(
+            metrics.registry,
+            host=config.metrics_host,
+            port=config.metrics_port,
+            key=config.key,
+            public=config.metrics_public,
+        )
+    except MetricsServerError as exc:
+        raise StartupError(str(exc)) from None
+    log.info("metrics served", url=f"{server.url}/metrics", public=config.metrics_public or not config.key)
+    return server
 
 
 def _loop_settings(config: ControllerConfig, pool_size: int) -> LoopSettings:
@@ -154,7 +180,11 @@ def _loop_settings(config: ControllerConfig, pool_size: int) -> LoopSettings:
 
 
 async def _run_local(
-    config: ControllerConfig, state: StateDir, source: WorkSource, stop: asyncio.Event
+    config: ControllerConfig,
+    state: StateDir,
+    source: WorkSource,
+    stop: asyncio.Event,
+    metrics: ControllerMetrics,
 ) -> int:
     """Agents as process groups on this machine (optionally forked by warm workers)."""
     base_env = dict(os.environ)
@@ -179,7 +209,9 @@ async def _run_local(
             base_env=base_env,
         )
 
-    reconciler = Reconciler(source, LocalAgents(runner, plan), _loop_settings(config, config.pool_size))
+    reconciler = Reconciler(
+        source, LocalAgents(runner, plan), _loop_settings(config, config.pool_size), metrics=metrics
+    )
     log.info(
         "controller started",
         gateway=config.gateway,
@@ -198,7 +230,11 @@ async def _run_local(
 
 
 async def _run_k8s(
-    config: ControllerConfig, client: GatewayClient, source: WorkSource, stop: asyncio.Event
+    config: ControllerConfig,
+    client: GatewayClient,
+    source: WorkSource,
+    stop: asyncio.Event,
+    metrics: ControllerMetrics,
 ) -> int:
     """Agents as Kubernetes Jobs; exit status 1 when the cluster refuses a call (403)."""
     from keraunos.controller.runners._k8s_api import KubeError, KubeForbidden
@@ -219,7 +255,9 @@ async def _run_k8s(
     except KubeError as exc:
         raise StartupError(f"cannot list the Jobs in namespace '{kube.namespace}': {exc}") from None
     try:
-        reconciler = Reconciler(source, runner, _loop_settings(config, config.k8s_max_concurrent_jobs))
+        reconciler = Reconciler(
+            source, runner, _loop_settings(config, config.k8s_max_concurrent_jobs), metrics=metrics
+        )
         log.info(
             "controller started",
             gateway=config.gateway,
@@ -287,6 +325,7 @@ def k8s_settings(config: ControllerConfig, namespace: str) -> K8sSettings:
         retry_max_s=config.k8s_retry_max_s,
         deadline_grace_s=config.k8s_deadline_grace_s,
         log_tail_lines=config.k8s_log_tail_lines,
+        max_job_bytes=config.k8s_max_job_bytes,
         watch=WatchSettings(
             watch_timeout_s=config.k8s_watch_timeout_s,
             resync_s=config.k8s_resync_interval_s,

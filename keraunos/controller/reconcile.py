@@ -13,6 +13,14 @@ The loop drives any `Runner`: local process groups (`LocalAgents` below) or Kube
 (`runners/k8s.py`). A runner starts an assignment's agent, says how each agent ended, may limit
 how many starts it takes now (a creation rate limit), and on startup hands back what an earlier
 controller left: attempts to report at once, and agents it adopts and keeps running.
+
+No exception of one attempt stops the loop. A runner's `ValueError` fails the attempt with its
+message; any other exception from starting, running or following an agent fails that attempt
+with the exception as its reason, is logged with its traceback and counted
+(`keraunos_controller_loop_errors_total`, `metrics.py`); an unexpected error while taking work,
+renewing leases or reporting is logged, counted and retried at the next tick. Every attempt taken
+is reported or left recorded for a restarted controller, so none stays `running` on the gateway
+beyond its lease without an agent behind it.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import structlog
 
 from keraunos.controller.client import GatewayError, GatewayUnreachable
 from keraunos.controller.launch import Launch
+from keraunos.controller.metrics import ControllerMetrics
 from keraunos.controller.runners._state import AgentRecord
 from keraunos.controller.runners.local import LocalAgent, LocalRunner, read_log_tail
 from keraunos.controller.work import Assignment, Ending, WorkSource, ending_of
@@ -167,10 +176,19 @@ class Reconciler:
     """Runs assignments from `source` on `runner`, at most `pool_size` at a time (and no more at
     once than `runner.room()` allows)."""
 
-    def __init__(self, source: WorkSource, runner: Runner, settings: LoopSettings) -> None:
+    def __init__(
+        self,
+        source: WorkSource,
+        runner: Runner,
+        settings: LoopSettings,
+        *,
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
         self.source = source
         self.runner = runner
         self.settings = settings
+        self.metrics = metrics or ControllerMetrics()
+        self.metrics.watch(lambda: len(self._held), lambda: len(self._live), settings.pool_size)
         self._live: dict[tuple[str, str], RunningAgent] = {}
         # Taken and not yet reported: their leases are renewed while agents start, run and report.
         self._held: dict[tuple[str, str], Assignment] = {}
@@ -184,17 +202,23 @@ class Reconciler:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until `stop` is set, then stop every agent and report its attempt."""
-        await self._recover()
+        try:
+            await self._recover()
+        except Exception as exc:  # the loop runs on; what the runner left is seen again at the next start
+            self._unexpected("recover", exc)
         renewer = asyncio.create_task(self._renew_loop())
         try:
             while not stop.is_set():
-                free = self.settings.pool_size - self.live_count
-                room = self.runner.room()
-                if room is not None:
-                    free = min(free, room)
-                taken = await self._take(free) if free > 0 else 0
-                if 0 < free == taken:
-                    continue  # the source may hold more: ask again at once
+                try:
+                    free = self.settings.pool_size - self.live_count
+                    room = self.runner.room()
+                    if room is not None:
+                        free = min(free, room)
+                    taken = await self._take(free) if free > 0 else 0
+                    if 0 < free == taken:
+                        continue  # the source may hold more: ask again at once
+                except Exception as exc:
+                    self._unexpected("tick", exc)
                 await _first_of(stop, self._slot_freed, within_s=self.settings.poll_interval_s)
                 self._slot_freed.clear()
         finally:
@@ -212,6 +236,9 @@ class Reconciler:
         except (GatewayError, GatewayUnreachable) as exc:
             log.warning("cannot take work", error=str(exc))
             return 0
+        except Exception as exc:  # an answer of a shape the source did not expect
+            self._unexpected("take", exc)
+            return 0
         for assignment in assignments:
             self._held[(assignment.rollout_id, assignment.attempt_id)] = assignment
         for assignment in assignments:
@@ -223,10 +250,25 @@ class Reconciler:
         try:
             agent = await self.runner.start(assignment)
         except ValueError as exc:  # the runner has written why into the log
+            self.metrics.start_failed["refused"] += 1
             self._fail_start(assignment, self.runner.log_path(rollout_id, attempt_id), str(exc))
             return
+        except Exception as exc:  # a bug, or a failure nobody foresaw: this attempt fails, the loop goes on
+            self._unexpected("start", exc, rollout_id=rollout_id, attempt_id=attempt_id)
+            self.metrics.start_failed["error"] += 1
+            reason = f"the controller could not start the agent: {type(exc).__name__}: {exc}"
+            log_path = self.runner.log_path(rollout_id, attempt_id)
+            _append(log_path, f"keraunos controller: {reason}\n")
+            self._fail_start(assignment, log_path, reason)
+            return
+        self.metrics.started += 1
         self._live[(rollout_id, attempt_id)] = agent
         self._spawn(self._supervise(agent))
+
+    def _unexpected(self, stage: str, exc: BaseException, **ids: str) -> None:
+        """Log an exception the loop survives, with its traceback, and count it."""
+        self.metrics.loop_error(stage)
+        log.error("reconcile loop error; going on", stage=stage, exc_info=exc, **ids)
 
     def _fail_start(self, assignment: Assignment, log_path: Path, reason: str) -> None:
         log.warning(
@@ -247,12 +289,20 @@ class Reconciler:
         self._tasks.discard(task)
         self._slot_freed.set()
         if not task.cancelled() and task.exception() is not None:
+            self.metrics.loop_error("task")
             log.error("supervisor task failed", exc_info=task.exception())
 
     async def _supervise(self, agent: RunningAgent) -> None:
         key = (agent.record.rollout_id, agent.record.attempt_id)
         try:
             ending = await agent.ending()
+        except Exception as exc:  # the attempt is still reported, so its rollout does not hang in running
+            self._unexpected("agent", exc, rollout_id=key[0], attempt_id=key[1])
+            ending = Ending(
+                "failed",
+                None,
+                f"the controller failed while following the agent: {type(exc).__name__}: {exc}",
+            )
         finally:
             self._live.pop(key, None)
         log.info(
@@ -269,7 +319,10 @@ class Reconciler:
         """Report the ending, retrying while the gateway is unreachable or failing, then drop the record."""
         try:
             if await self._report(record, ending):
+                self.metrics.ending(ending.outcome)
                 self.runner.forget(record)
+            else:
+                self.metrics.reports_abandoned += 1
         finally:
             self._held.pop((record.rollout_id, record.attempt_id), None)
 
@@ -293,6 +346,9 @@ class Reconciler:
                 log.warning("report failed; retrying", rollout_id=record.rollout_id, error=str(exc))
                 await asyncio.sleep(delay * random.uniform(0.75, 1.25))
                 delay = min(delay * 2, 5.0)
+            except Exception as exc:  # not retried: the record stays for a restarted controller
+                self._unexpected("report", exc, rollout_id=record.rollout_id, attempt_id=record.attempt_id)
+                return False
 
     async def _renew_loop(self) -> None:
         while True:
@@ -304,6 +360,9 @@ class Reconciler:
                 to_stop = await self.source.renew(live)
             except (GatewayError, GatewayUnreachable) as exc:
                 log.warning("cannot renew attempts", error=str(exc))
+                continue
+            except Exception as exc:  # renewing stops for nobody: leases would run out under live agents
+                self._unexpected("renew", exc)
                 continue
             for key, reason in to_stop.items():
                 agent = self._live.get(key)
@@ -338,6 +397,10 @@ async def _first_of(*events: asyncio.Event, within_s: float) -> None:
 
 
 def _append(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as file:
-        file.write(text)
+    """Add a controller note to an attempt's log; a log that cannot be written loses the note only."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as file:
+            file.write(text)
+    except OSError as exc:
+        log.warning("cannot write to an attempt's log", path=str(path), error=str(exc))

@@ -17,6 +17,7 @@ from keraunos.controller.runners._k8s_render import (
     render_job,
     yaml_escape,
 )
+from keraunos.testing.kube._containers import container_environment
 
 SETTINGS = JobSettings(namespace="agents", instance="trainer-a", ttl_s=600)
 ENV = {"AGL_OPENAI_BASE_URL": "http://gw/proxy/x", "AGL_EVENT_URL": "http://gw/api/e", "AGL_KEY": "tok"}
@@ -65,6 +66,12 @@ def render(template: str = TEMPLATE, rollout_input: Any = None, **overrides: Any
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container["env"]}
+
+
+def seen_env(job: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """The container's variables as its process gets them, `$(VAR)` expanded as Kubernetes does."""
+    pod = {"metadata": {"name": "pod-1"}, "spec": job["spec"]["template"]["spec"]}
+    return container_environment(pod, container)
 
 
 def test_the_runner_forces_name_namespace_labels_retries_restarts_ttl_and_deadline() -> None:
@@ -148,7 +155,7 @@ def test_yaml_escape_round_trips_any_json_value_in_block_and_flow_positions(valu
 def test_any_text_through_yaml_escape_leaves_the_job_exactly_as_templated(text: str) -> None:
     job = render(rollout_input={"question": text})
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert env_of(container)["QUESTION"] == text
+    assert seen_env(job, container)["QUESTION"] == text  # `$(` included: it is data
     assert list(job) == ["apiVersion", "kind", "metadata", "spec"]
     assert len(job["spec"]["template"]["spec"]["containers"]) == 2
 

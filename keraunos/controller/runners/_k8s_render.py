@@ -152,11 +152,14 @@ class _JobSandbox(SandboxedEnvironment):
     def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, str | list | tuple) and isinstance(times, int):
-                    if len(seq) * times > self.max_chars:
-                        raise TemplateError(
-                            f"job template: '*' would make a value longer than {self.max_chars} characters"
-                        )
+                if (
+                    isinstance(seq, str | list | tuple)
+                    and isinstance(times, int)
+                    and len(seq) * times > self.max_chars
+                ):
+                    raise TemplateError(
+                        f"job template: '*' would make a value longer than {self.max_chars} characters"
+                    )
         elif operator == "**" and isinstance(right, int | float) and abs(right) > _MAX_EXPONENT:
             raise TemplateError(f"job template: '**' with an exponent beyond {_MAX_EXPONENT}")
         return super().call_binop(context, operator, left, right)

@@ -41,6 +41,7 @@ from keraunos.controller.runners._k8s_api import KubeApi, KubeError, KubeForbidd
 from keraunos.controller.runners._k8s_names import job_name
 from keraunos.controller.runners._k8s_rate import TokenBucket
 from keraunos.controller.runners._k8s_render import (
+    DEFAULT_MAX_JOB_BYTES,
     JobSettings,
     TemplateError,
     attempt_of,
@@ -49,6 +50,7 @@ from keraunos.controller.runners._k8s_render import (
 )
 from keraunos.controller.runners._k8s_status import DELETED_REASON, container_end, ending_of_job, job_end
 from keraunos.controller.runners._k8s_watch import JobBook, JobWatcher, WatchSettings
+from keraunos.controller.runners._paths import attempt_log_path
 from keraunos.controller.runners._state import AgentRecord
 from keraunos.controller.runners.local import read_log_tail
 from keraunos.controller.work import Assignment, Ending
@@ -80,6 +82,7 @@ class K8sSettings:
     deadline_grace_s: float
     log_tail_lines: int
     watch: WatchSettings
+    max_job_bytes: int = DEFAULT_MAX_JOB_BYTES
 
 
 class K8sRunner:
@@ -107,7 +110,9 @@ class K8sRunner:
         self.selector = selector(settings.instance)
         self.watcher = JobWatcher(kube, self.selector, self.book, settings.watch, self.forbidden)
         self.bucket = TokenBucket(settings.max_jobs_per_minute, settings.job_burst, time.monotonic())
-        self.job_settings = JobSettings(settings.namespace, settings.instance, settings.ttl_s)
+        self.job_settings = JobSettings(
+            settings.namespace, settings.instance, settings.ttl_s, max_bytes=settings.max_job_bytes
+        )
         self.fatal_error: str | None = None
         self._watch_task: asyncio.Task[None] | None = None
 
@@ -148,8 +153,9 @@ class K8sRunner:
     # -- the loop's Runner protocol -------------------------------------------------------------------
 
     def log_path(self, rollout_id: str, attempt_id: str) -> Path:
-        """`LOG_DIR/ROLLOUT/ATTEMPT.log`: controller notes and the pods' logs."""
-        return self.log_dir / rollout_id / f"{attempt_id}.log"
+        """`LOG_DIR/ROLLOUT/ATTEMPT.log` (ids encoded where they are no plain file name, `_paths`):
+        controller notes and the pods' logs."""
+        return attempt_log_path(self.log_dir, rollout_id, attempt_id)
 
     def room(self) -> int | None:
         """Job creations the rate limit allows now (none once the runner is stopping)."""
@@ -159,11 +165,12 @@ class K8sRunner:
 
     async def start(self, assignment: Assignment) -> RunningAgent:
         """Render the attempt's Job (a `TemplateError` fails the attempt) and return its agent,
-        which creates the Job and follows it."""
+        which creates the Job and follows it. The template is rendered in a worker thread: a big
+        one (up to `--k8s-max-job-bytes`) must not hold the event loop, and with it every other
+        attempt's heartbeats."""
         rollout, attempt_id = assignment.rollout, assignment.attempt_id
         rollout_id = assignment.rollout_id
         log_path = self.log_path(rollout_id, attempt_id)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         config = rollout.get("config") or {}
         try:
             template = (config.get("k8s") or {}).get("job_template") or self.settings.default_template
@@ -182,7 +189,12 @@ class K8sRunner:
                 "AGL_KEY": assignment.agent_key or NO_AUTH_KEY,
             }
             name = job_name(rollout_id, attempt_id)
-            job = render_job(
+            if not isinstance(template, str):
+                raise TemplateError(
+                    f"config.k8s.job_template must be a string, not {type(template).__name__}"
+                )
+            job = await asyncio.to_thread(
+                render_job,
                 template,
                 name=name,
                 rollout_id=rollout_id,
@@ -195,6 +207,10 @@ class K8sRunner:
         except TemplateError as exc:
             _append(log_path, f"keraunos controller: {exc}\n")
             raise
+        except (AttributeError, TypeError, ValueError) as exc:  # config or input of an unexpected shape
+            message = f"cannot prepare the attempt's Job: {type(exc).__name__}: {exc}"
+            _append(log_path, f"keraunos controller: {message}\n")
+            raise TemplateError(message) from exc
         record = AgentRecord(rollout_id, attempt_id, str(log_path), time.time())
         delay = self.bucket.reserve(time.monotonic())
         return K8sAgent(self, name, record, timeout_s, job=job, create_delay_s=delay)
@@ -208,7 +224,6 @@ class K8sRunner:
                 continue
             rollout_id, attempt_id = ids
             log_path = self.log_path(rollout_id, attempt_id)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
             _append(log_path, f"keraunos controller: adopted Job {name} left by an earlier controller\n")
             timeout_s = float(
                 ((job.get("spec") or {}).get("activeDeadlineSeconds")) or self.settings.default_timeout_s
@@ -264,13 +279,30 @@ class K8sAgent:
         _append(self.log_path, f"keraunos controller: {text}\n")
 
     async def ending(self) -> Ending:
-        """Create the Job if needed, wait for its end, collect the logs; the attempt's ending."""
-        if self._job is not None:
-            failed = await self._create(self._job)
-            if failed is not None:
-                self._note(failed.reason or failed.outcome)
-                return failed
-        return await self._follow()
+        """Create the Job if needed, wait for its end, collect the logs; the attempt's ending.
+
+        An unexpected error on the way (a bug, an answer of a shape nobody foresaw) fails this
+        attempt with it as the reason and deletes this attempt's Job, and only that one."""
+        try:
+            if self._job is not None:
+                failed = await self._create(self._job)
+                if failed is not None:
+                    self._note(failed.reason or failed.outcome)
+                    return failed
+            return await self._follow()
+        except Exception as exc:
+            reason = f"the controller failed while running Job {self.name}: {type(exc).__name__}: {exc}"
+            log.error(
+                "attempt failed in the controller",
+                job=self.name,
+                rollout_id=self._record.rollout_id,
+                attempt_id=self._record.attempt_id,
+                exc_info=exc,
+            )
+            self._note(reason)
+            with contextlib.suppress(Exception):
+                await self._delete()
+            return Ending("failed", None, reason)
 
     # -- creation -------------------------------------------------------------------------------------
 
@@ -405,8 +437,11 @@ class K8sAgent:
                 continue
             if len(pods) > 1:
                 self._note(f"log of pod {pod_name}:")
-            with self.log_path.open("ab") as file:
-                file.write(text if not text or text.endswith(b"\n") else text + b"\n")
+            try:
+                with self.log_path.open("ab") as file:
+                    file.write(text if not text or text.endswith(b"\n") else text + b"\n")
+            except OSError as exc:  # the attempt is still reported, with what its log holds
+                log.warning("cannot write a pod's log", job=self.name, pod=pod_name, error=str(exc))
         return pods
 
     async def _delete(self) -> None:
@@ -421,6 +456,10 @@ class K8sAgent:
 
 
 def _append(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as file:
-        file.write(text)
+    """Add a controller note to an attempt's log; a log that cannot be written loses the note only."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as file:
+            file.write(text)
+    except OSError as exc:
+        log.warning("cannot write to an attempt's log", path=str(path), error=str(exc))
