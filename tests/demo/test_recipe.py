@@ -140,7 +140,10 @@ def test_the_cache_is_the_flag_else_the_environment_else_the_home_cache(tmp_path
     assert cache_root(str(tmp_path / "flag"), {CACHE_ENV: "/env"}) == tmp_path / "flag"
     assert cache_root("", {CACHE_ENV: str(tmp_path / "env")}) == tmp_path / "env"
     assert cache_root("", {}) == Path.home() / ".cache" / "keraunos"
-    assert entry_dir(tmp_path, SMALL, "t2-avx2-torch2.13.0") == tmp_path / "demo" / f"{SMALL.digest()}-t2-avx2-torch2.13.0"
+    assert (
+        entry_dir(tmp_path, SMALL, "t2-avx2-torch2.13.0")
+        == tmp_path / "demo" / f"{SMALL.digest()}-t2-avx2-torch2.13.0"
+    )
 
 
 def test_the_build_tag_names_the_thread_count_the_cpu_and_torch_in_a_path_safe_name() -> None:
