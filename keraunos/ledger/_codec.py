@@ -854,16 +854,28 @@ class _Decoder:
         data = self._data()
         content_log_probs = token_log_probs = None
         for position, (kind, index) in enumerate(self.order):
-            if kind in _TRIPLET_ID_KINDS and index == 0:
+            if kind in _TRIPLET_ID_KINDS:
                 _place(data, kind, index, self._ids(position, kind, index))
             elif kind is _Kind.CONTENT_VALUES and index == 0:
                 reader = _Reader(self._payload(kind, index))
                 content_log_probs = reader.array("<f8", reader.u32()).astype(np.float64)
             elif kind is _Kind.TOKEN_LOGPROBS and index == 0:
                 token_log_probs = _Reader(self._payload(kind, index)).rest("<f8").astype(np.float64)
+            elif kind in (_Kind.CONTENT_VALUES, _Kind.TOKEN_LOGPROBS):
+                # The other choices of an n > 1 call (rare) feed the triplet's `choices`: read in full.
+                self._place_log_probs(data, kind, index)
             elif kind is _Kind.MESSAGES:
                 self._messages()
         return trim_parts(data, content_log_probs, token_log_probs), self._context()
+
+    def _place_log_probs(self, data: dict[str, Any], kind: _Kind, index: int) -> None:
+        if kind is _Kind.TOKEN_LOGPROBS:
+            _place(data, kind, index, _Reader(self._payload(kind, index)).rest("<f8").tolist())
+            return
+        if (_Kind.CONTENT_TOKENS, index) not in self.sections:
+            raise CodecError("model_request blob has log prob values without their tokens")
+        tokens = self._payload(_Kind.CONTENT_TOKENS, index)
+        _place(data, kind, index, _decode_content(self._payload(kind, index), tokens))
 
     def _payload(self, kind: _Kind, index: int) -> memoryview:
         raw, compressed = self.sections[kind, index]

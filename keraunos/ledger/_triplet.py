@@ -4,6 +4,9 @@ A trainer reads a rollout's events in this shape: each `model_request` reduced t
 response ids and log probs, each `reward` to its value, and retried calls (same prompt ids) reduced
 to the last one. v1.0 is the contract; where it would crash on a malformed body (choices that are
 not a list of objects, a server that is not an object, ...) we treat the malformed part as missing.
+Two keraunos extensions keep every sample of a prompt readable without changing what a v1.0 reader
+sees: `choices` on a call answered with several choices, and `replaced_calls` on the call that
+replaced earlier ones with the same prompt (`dedupe_model_requests`).
 
 Token-id and log-prob values may be numpy arrays wherever lists are accepted: the codec's fast path
 (`decode_model_request_triplet`) hands them over unconverted, and orjson serialises them directly.
@@ -26,8 +29,11 @@ def trim_model_request(data: dict[str, Any]) -> dict[str, Any]:
     Prompt ids come from the response's top-level `prompt_token_ids` (chat), else from
     `choices[0].prompt_token_ids` (completions); response ids from `choices[0].token_ids`; log probs
     from `choices[0].logprobs.content[].logprob` (chat) or `choices[0].logprobs.token_logprobs`
-    (completions), None when missing, malformed or not all finite. A list `response` is the legacy
-    record of raw stream chunks. Values are taken from `data` without copying.
+    (completions), None when missing, malformed or not all finite. A response with more than one
+    choice (`n > 1`) also gets `choices`: `{response_token_ids, response_log_probs}` of every
+    choice in order, the first repeating the top-level fields (a keraunos extension: v1.0 reads
+    only choice 0, so the answer an agent went on with would be lost). A list `response` is the
+    legacy record of raw stream chunks. Values are taken from `data` without copying.
     """
     return trim_parts(data)
 
@@ -47,9 +53,11 @@ def trim_parts(
     prompt_ids: Any = []
     response_ids: Any = []
     log_probs: Any = None
+    choices: Any = None
     if isinstance(resp, dict):
         prompt_ids = resp.get("prompt_token_ids", [])
-        choice0 = first_choice(resp.get("choices", []))
+        choices = resp.get("choices", [])
+        choice0 = first_choice(choices)
         if choice0 is not None:
             if is_empty(prompt_ids):
                 prompt_ids = choice0.get("prompt_token_ids", [])
@@ -67,6 +75,9 @@ def trim_parts(
         "response_log_probs": log_probs,
         "server": {"model": server.get("model"), "version": server.get("version")},
     }
+    if isinstance(choices, list) and len(choices) > 1 and first_choice(choices) is not None:
+        out["choices"] = [{"response_token_ids": response_ids, "response_log_probs": log_probs}]
+        out["choices"].extend(_trim_choice(choice) for choice in choices[1:])
     if data.get("routed_experts") is not None:
         out["routed_experts"] = data["routed_experts"]
     for key in ("http_status", "status"):
@@ -87,12 +98,17 @@ def trim_reward(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def dedupe_model_requests(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep, among `model_request` events with identical non-empty integer prompt ids, only the last.
+    """Keep, among `model_request` events with identical non-empty integer prompt ids, only the last,
+    with the earlier ones folded into it.
 
-    A retried call repeats its prompt, and the trainer must see only the call that counted. Events
-    whose trimmed `prompt_token_ids` is not a non-empty list or array of integers are all kept, and
-    every kept event stays where it was. Lists and arrays compare by value (`[1, 2]` equals an int32
-    array of 1, 2), as Python's `==` on the lists would.
+    v1.0 keeps only the last (a retried call replaces the earlier one), and so does this, at the
+    last one's position. But two calls with one prompt are not always a retry: an agent may sample
+    a prompt twice and go on with either answer, so the replaced calls are not thrown away: the
+    kept event's data gets `replaced_calls`, their trimmed data without the (identical) prompt, oldest
+    first (a keraunos extension; v1.0 readers ignore it, and it is absent when nothing was
+    replaced). Events whose trimmed `prompt_token_ids` is not a non-empty list or array of integers
+    are all kept, and every kept event stays where it was. Lists and arrays compare by value
+    (`[1, 2]` equals an int32 array of 1, 2), as Python's `==` on the lists would.
     """
     index = _PromptIndex()
     groups: list[int | None] = []
@@ -106,11 +122,19 @@ def dedupe_model_requests(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.append(group)
         if group is not None:
             last[group] = position
-    return [
-        event
-        for position, (event, group) in enumerate(zip(events, groups, strict=True))
-        if group is None or last[group] == position
-    ]
+    kept: list[dict[str, Any]] = []
+    replaced: dict[int, list[dict[str, Any]]] = {}
+    for position, (event, group) in enumerate(zip(events, groups, strict=True)):
+        if group is None:
+            kept.append(event)
+        elif last[group] != position:
+            data = event["data"]
+            replaced.setdefault(group, []).append({k: v for k, v in data.items() if k != "prompt_token_ids"})
+        elif group in replaced:
+            kept.append({**event, "data": {**event["data"], "replaced_calls": replaced[group]}})
+        else:
+            kept.append(event)
+    return kept
 
 
 def first_choice(choices: Any) -> dict[str, Any] | None:
@@ -130,6 +154,16 @@ def is_empty(value: Any) -> bool:
 def finite_or_none(values: np.ndarray) -> np.ndarray | None:
     """The float array itself when every value is finite, else None (v1.0 drops such log probs)."""
     return values if bool(np.isfinite(values).all()) else None
+
+
+def _trim_choice(choice: Any) -> dict[str, Any]:
+    """`{response_token_ids, response_log_probs}` of one choice (both None when it is not an object)."""
+    if not isinstance(choice, dict):
+        return {"response_token_ids": None, "response_log_probs": None}
+    return {
+        "response_token_ids": choice.get("token_ids", []),
+        "response_log_probs": _choice_log_probs(choice, None, None),
+    }
 
 
 def _choice_log_probs(

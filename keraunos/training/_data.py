@@ -8,17 +8,36 @@ import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
+class Sample:
+    """One generated answer to a prompt: its ids, their log probs (or None) and the model version."""
+
+    response_ids: np.ndarray
+    logprobs: np.ndarray | None = None
+    model_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Triplet:
     """One recorded model call: the prompt ids, the generated ids and their log probs.
 
     `logprobs` is None when the server gave none, or not one finite value per response token.
     `model_version` is the serving model version recorded with the call (None when unknown).
+    `response_ids` is the call's first choice (what v1.0's triplet view reads). `alternatives` are
+    the other samples of the same prompt, oldest first: the answers of earlier calls with this
+    prompt that the triplet view folded into this one (`replaced_calls`), then this call's other
+    choices (`n > 1`). Which sample the agent went on with is decided when rows are built.
     """
 
     prompt_ids: np.ndarray
     response_ids: np.ndarray
     logprobs: np.ndarray | None = None
     model_version: int | None = None
+    alternatives: tuple[Sample, ...] = ()
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        """Every sample of the prompt: this call's first choice, then the `alternatives`."""
+        return (Sample(self.response_ids, self.logprobs, self.model_version), *self.alternatives)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,5 +56,5 @@ class CompletedRollout:
 
     @property
     def model_versions(self) -> list[int]:
-        """The model versions recorded on this rollout's calls (unknown ones left out)."""
-        return [t.model_version for t in self.triplets if t.model_version is not None]
+        """The model versions recorded on this rollout's samples (unknown ones left out)."""
+        return [s.model_version for t in self.triplets for s in t.samples if s.model_version is not None]

@@ -60,6 +60,7 @@ def settle_group(
             continue
         counts["failed_calls_skipped"] += sibling.read.failed_calls
         counts["unreadable_calls_skipped"] += sibling.read.unreadable_calls
+        counts["unreadable_choices_skipped"] += sibling.read.unreadable_choices
         if not sibling.read.triplets:
             counts["empty_rollouts"] += 1
             continue

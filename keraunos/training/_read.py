@@ -4,8 +4,9 @@ Failed model calls (status "error", an HTTP status outside 2xx, or an error body
 are calls whose ids cannot be read (both counted); the other samples of a call's prompt (the
 `choices` of an `n > 1` call, the calls folded into it as `replaced_calls`) ride on its `Triplet`
 as `alternatives`, for the row builder to choose the one the agent went on with. The reward is the
-value of the last `reward` event that has a finite number. Delta prompts (`{"prefix_of", "prefix_len", "suffix"}`, see
-`keraunos.ledger._triplet_delta`) are resolved against the earlier events of the same list.
+value of the last `reward` event that has a finite number. Delta prompts (`{"prefix_of",
+"prefix_len", "suffix"}`, see `keraunos.ledger._triplet_delta`) are resolved against the earlier
+events of the same list.
 """
 
 from __future__ import annotations

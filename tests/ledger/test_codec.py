@@ -65,6 +65,11 @@ def assert_same_triplet(fast: dict[str, Any], reference: dict[str, Any]) -> None
     """The fast triplet equals the reference trim, numpy arrays compared as the lists they stand for."""
     assert list(fast) == list(reference)
     for key, value in fast.items():
+        if key == "choices":  # n > 1: every choice's ids and log probs, checked the same way
+            assert len(value) == len(reference[key])
+            for choice, expected in zip(value, reference[key], strict=True):
+                assert_same_triplet(choice, expected)
+            continue
         if isinstance(value, np.ndarray):
             expected_kind = "f" if key == "response_log_probs" else "i"
             assert value.dtype.kind == expected_kind and value.dtype.itemsize in (4, 8), (key, value.dtype)

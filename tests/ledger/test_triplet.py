@@ -183,10 +183,30 @@ def test_chat_content_wins_over_token_logprobs() -> None:
     assert trim_model_request(data)["response_log_probs"] == [-9.0]
 
 
-def test_only_the_first_choice_counts() -> None:
+def test_top_level_fields_are_the_first_choice_and_every_choice_is_listed_when_several() -> None:
     data = chat_call()
-    data["response"]["choices"].append({"token_ids": [99], "prompt_token_ids": [98]})
-    assert trim_model_request(data)["response_token_ids"] == [7, 8]
+    data["response"]["choices"].append(
+        {"token_ids": [99], "prompt_token_ids": [98], "logprobs": {"content": [{"logprob": -2.0}]}}
+    )
+    data["response"]["choices"].append({"token_ids": [5, 6]})
+    trimmed = trim_model_request(data)
+    assert (trimmed["prompt_token_ids"], trimmed["response_token_ids"]) == ([1, 2, 3], [7, 8])  # v1.0
+    assert trimmed["choices"] == [
+        {"response_token_ids": [7, 8], "response_log_probs": [-0.5, -0.25]},
+        {"response_token_ids": [99], "response_log_probs": [-2.0]},
+        {"response_token_ids": [5, 6], "response_log_probs": None},
+    ]
+
+
+def test_a_single_choice_gives_exactly_the_v1_fields() -> None:
+    assert "choices" not in trim_model_request(chat_call())
+    assert "choices" not in trim_model_request(completions_call())
+
+
+def test_a_malformed_later_choice_is_listed_without_ids() -> None:
+    data = chat_call()
+    data["response"]["choices"].append("x")
+    assert trim_model_request(data)["choices"][1] == {"response_token_ids": None, "response_log_probs": None}
 
 
 def test_malformed_choices_are_treated_as_missing() -> None:
@@ -267,6 +287,25 @@ def test_a_retried_call_replaces_the_earlier_one_at_its_own_position() -> None:
     assert tags(dedupe_model_requests(events)) == ["reward", "other call", "retry"]
 
 
+def test_the_replaced_calls_are_folded_into_the_one_that_replaced_them_oldest_first() -> None:
+    first = {"prompt_token_ids": [1, 2], "response_token_ids": [7], "tag": "first sample"}
+    second = {"prompt_token_ids": [1, 2], "response_token_ids": [8], "tag": "second sample"}
+    events = [
+        {"event_type": "model_request", "data": first},
+        {"event_type": "model_request", "data": second},
+        event([1, 2, 3], "other call"),
+        event([1, 2], "third sample"),
+    ]
+    kept = dedupe_model_requests(events)
+    assert tags(kept) == ["other call", "third sample"]
+    assert kept[1]["data"]["replaced_calls"] == [
+        {"response_token_ids": [7], "tag": "first sample"},
+        {"response_token_ids": [8], "tag": "second sample"},
+    ]
+    assert "replaced_calls" not in kept[0]["data"]  # replaced nothing: exactly what v1.0 sends
+    assert "replaced_calls" not in events[3]["data"]  # the input is left alone
+
+
 def test_calls_without_valid_prompt_ids_are_all_kept() -> None:
     events = [event(p, str(i)) for i, p in enumerate([[], None, [], "ab", "ab", [1.0], [1.0], [None]])]
     assert tags(dedupe_model_requests(events)) == [str(i) for i in range(8)]
@@ -342,4 +381,8 @@ prompts = st.one_of(
 @given(st.lists(st.tuples(prompts, st.sampled_from(["model_request", "reward"])), max_size=12))
 def test_dedupe_matches_the_plain_rule(items: list[tuple[Any, str]]) -> None:
     events = [event(prompt, str(i), event_type) for i, (prompt, event_type) in enumerate(items)]
-    assert tags(dedupe_model_requests(events)) == tags(_reference_dedupe(events))
+    kept = dedupe_model_requests(events)
+    assert tags(kept) == tags(_reference_dedupe(events))
+    # Nothing is lost: every dropped event is folded into exactly one kept one.
+    folded = [r["tag"] for e in kept for r in e["data"].get("replaced_calls", [])]
+    assert sorted(folded + tags(kept), key=int) == tags(events)

@@ -134,3 +134,51 @@ def test_calls_read_from_deltas_merge_into_rows_exactly_as_full_ones() -> None:
         assert built.rows.n_calls.tolist() == [3, 1]
         assert built.rows.response_mask[0, :6].tolist() == [1, 0, 1, 0, 1, 0]
         assert [(b.call_index, b.shared_prefix) for b in built.breaks] == [(3, 2)]
+
+
+# -- several samples of one prompt ------------------------------------------------------------------
+
+
+def samples_of(triplet: Any) -> list[list[int]]:
+    return [s.response_ids.tolist() for s in triplet.samples]
+
+
+def test_every_choice_of_an_n_2_call_is_read_the_first_on_the_triplet_the_others_as_alternatives() -> None:
+    choices = [
+        {"response_token_ids": [3], "response_log_probs": [-0.5]},
+        {"response_token_ids": [4, 4], "response_log_probs": None},
+    ]
+    events = [call([1, 2], [3], choices=choices), call([1, 2, 4, 4, 9], [5])]
+    for raw in (orjson.dumps(events), orjson.dumps(delta_encode(events), option=orjson.OPT_SERIALIZE_NUMPY)):
+        first, second = read_events_json(raw).triplets
+        assert samples_of(first) == [[3], [4, 4]]
+        assert first.alternatives[0].logprobs is None and first.alternatives[0].model_version == 3
+        assert second.prompt_ids.tolist() == [1, 2, 4, 4, 9]  # continues choice 1: read exactly
+
+
+def test_replaced_calls_become_alternatives_and_their_failures_are_counted() -> None:
+    replaced = [
+        {"response_token_ids": [7], "response_log_probs": [-1.0], "server": {"version": 2}},
+        {"response_token_ids": [], "http_status": 500, "status": "error"},
+        {"response_token_ids": "x"},
+    ]
+    result = read_events([call([1, 2], [8], replaced_calls=replaced)])
+    [triplet] = result.triplets
+    assert samples_of(triplet) == [[8], [7]]
+    assert triplet.alternatives[0].model_version == 2
+    assert (result.failed_calls, result.unreadable_calls) == (1, 1)
+
+
+def test_a_failed_call_that_replaced_a_successful_one_leaves_that_one_to_train() -> None:
+    replaced = [{"response_token_ids": [7], "response_log_probs": [-1.0], "server": {"version": 2}}]
+    result = read_events([call([1, 2], [], http_status=503, status="error", replaced_calls=replaced)])
+    [triplet] = result.triplets
+    assert (triplet.prompt_ids.tolist(), samples_of(triplet)) == ([1, 2], [[7]])
+    assert result.failed_calls == 1
+
+
+def test_a_choice_without_readable_ids_is_counted() -> None:
+    choices = [{"response_token_ids": [3]}, {"response_token_ids": None}]
+    result = read_events([call([1, 2], [3], choices=choices)])
+    assert samples_of(result.triplets[0]) == [[3]]
+    assert result.unreadable_choices == 1
