@@ -14,6 +14,16 @@ a response over its limit is cut, and the cut is counted. Rows with no trainable
 A row keeps its old log probs only when every call in it has one finite log prob per response
 token; otherwise `logprobs_valid` is False and the row's `old_logprobs` are 0. Each row carries its
 rollout's reward at its last response token.
+
+A call may hold several samples of its prompt (the choices of an `n > 1` call, and earlier calls
+with the same prompt that the triplet view folded into it). Only the sample the agent went on with
+earned the rollout's reward, so only it trains: the one a later call's prompt continues (the first
+later call that starts with this prompt shows it; the longest sample wins when several fit). The
+others are left out and counted (`abandoned_samples`). When nothing shows it (the last call, or the
+conversation went on without any of them), `TrajectoryConfig.unresolved_samples` decides: `drop`
+(default) trains none of them, `first_choice` trains the first choice of the latest call (what
+v1.0's triplet view reads); either way the call is counted (`unresolved_calls`, and the samples
+left out in `unresolved_samples_dropped`) and a log line names the rollouts.
 """
 
 from __future__ import annotations
@@ -24,11 +34,15 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from keraunos.training._data import CompletedRollout, Triplet
+from keraunos.training._data import CompletedRollout, Sample, Triplet
+
+log = structlog.get_logger("keraunos.training.trajectories")
 
 Level = Literal["transition", "trajectory"]
+UnresolvedSamples = Literal["drop", "first_choice"]
 BreakKind = Literal["retokenization", "template", "rewrite", "unclassified"]
 BREAK_KINDS: tuple[BreakKind, ...] = ("retokenization", "template", "rewrite", "unclassified")
 
@@ -55,6 +69,11 @@ class TrajectoryConfig(BaseModel):
     max_prompt_len: int = Field(default=4096, ge=1, description="Prompt ids per row (left-padded).")
     max_response_len: int = Field(default=4096, ge=1, description="Response ids per row (right-padded).")
     pad_token_id: int = Field(default=0, description="Id written into padding positions.")
+    unresolved_samples: UnresolvedSamples = Field(
+        default="drop",
+        description="A call with several samples of its prompt and no later call showing which one "
+        "the agent went on with: `drop` trains none, `first_choice` the first choice of its latest call.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +160,25 @@ def build_rows(
     counts: Counter[str] = Counter()
     breaks: list[MergeBreak] = []
     drafts: list[tuple[int, _Draft]] = []
+    left_out: list[str] = []
     for index, rollout in enumerate(rollouts):
         counts["calls"] += len(rollout.triplets)
-        for draft in _drafts(rollout, config.level, tokenizer, breaks):
+        before = counts["abandoned_samples"] + counts["unresolved_samples_dropped"]
+        calls = trained_calls(rollout.triplets, config.unresolved_samples, counts)
+        if counts["abandoned_samples"] + counts["unresolved_samples_dropped"] > before:
+            left_out.append(rollout.rollout_id)
+        for draft in _drafts(rollout.rollout_id, calls, config.level, tokenizer, breaks):
             drafts.append((index, draft))
+    if left_out:
+        log.info(
+            "samples left out of training: the agent went on with another, or nothing shows which",
+            abandoned_samples=counts["abandoned_samples"],
+            unresolved_calls=counts["unresolved_calls"],
+            unresolved_samples_dropped=counts["unresolved_samples_dropped"],
+            unresolved_samples=config.unresolved_samples,
+            rollouts=len(left_out),
+            rollout_ids=left_out[:8],
+        )
     for merge_break in breaks:
         counts[f"breaks_{merge_break.kind}"] += 1
     rows = _pack(rollouts, drafts, config, counts)
@@ -154,6 +188,10 @@ def build_rows(
         metrics[f"breaks_{kind}"] = float(counts[f"breaks_{kind}"])
     for key in (
         "calls",
+        "multi_sample_calls",
+        "abandoned_samples",
+        "unresolved_calls",
+        "unresolved_samples_dropped",
         "prompt_too_long_rows",
         "truncated_rows",
         "truncated_tokens",
@@ -162,6 +200,65 @@ def build_rows(
     ):
         metrics[key] = float(counts[key])
     return BuildResult(rows, breaks, metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainedCall:
+    """A call as rows see it: `triplet` holds the one sample that trains (None: none does), and
+    `samples` every sample of its prompt, for naming a break after it."""
+
+    triplet: Triplet | None
+    samples: tuple[Sample, ...]
+    prompt_ids: np.ndarray
+
+
+def trained_calls(
+    triplets: Sequence[Triplet], unresolved: UnresolvedSamples, counts: Counter[str]
+) -> list[TrainedCall]:
+    """Each call with the sample that trains: the one the agent went on with (see the module's
+    docstring); counts `multi_sample_calls`, `abandoned_samples`, `unresolved_calls` and
+    `unresolved_samples_dropped` into `counts`."""
+    out: list[TrainedCall] = []
+    for index, triplet in enumerate(triplets):
+        if not triplet.alternatives:
+            out.append(TrainedCall(triplet, (), triplet.prompt_ids))
+            continue
+        samples = triplet.samples
+        counts["multi_sample_calls"] += 1
+        chosen = followed_sample(triplet.prompt_ids, samples, triplets[index + 1 :])
+        if chosen is not None:
+            counts["abandoned_samples"] += len(samples) - 1
+        else:
+            counts["unresolved_calls"] += 1
+            if unresolved == "first_choice":
+                chosen = 0
+                counts["unresolved_samples_dropped"] += len(samples) - 1
+            else:
+                counts["unresolved_samples_dropped"] += len(samples)
+        kept = None
+        if chosen is not None:
+            sample = samples[chosen]
+            kept = Triplet(triplet.prompt_ids, sample.response_ids, sample.logprobs, sample.model_version)
+        out.append(TrainedCall(kept, samples, triplet.prompt_ids))
+    return out
+
+
+def followed_sample(prompt: np.ndarray, samples: Sequence[Sample], later: Sequence[Triplet]) -> int | None:
+    """The index of the sample that the first later call starting with `prompt` continues (the
+    longest when several fit, the first of equal ones), or None when that call continues none of
+    them or no later call starts with `prompt`."""
+    n = len(prompt)
+    for call in later:
+        following = call.prompt_ids
+        if len(following) < n or not np.array_equal(following[:n], prompt):
+            continue  # another conversation (or a rewritten history): look further
+        fits = [
+            (len(sample.response_ids), -index)
+            for index, sample in enumerate(samples)
+            if np.array_equal(following[n : n + len(sample.response_ids)], sample.response_ids)
+        ]
+        return -max(fits)[1] if fits else None
+    return None
 
 
 def continues(prompt: np.ndarray, previous: Triplet) -> bool:
@@ -214,24 +311,48 @@ def _squash(text: str) -> str:
 
 
 def _drafts(
-    rollout: CompletedRollout, level: Level, tokenizer: Tokenizer | None, breaks: list[MergeBreak]
+    rollout_id: str,
+    calls: list[TrainedCall],
+    level: Level,
+    tokenizer: Tokenizer | None,
+    breaks: list[MergeBreak],
 ) -> list[_Draft]:
     drafts: list[_Draft] = []
-    previous: Triplet | None = None
-    for call_index, triplet in enumerate(rollout.triplets):
-        if level == "trajectory" and previous is not None and drafts:
-            if continues(triplet.prompt_ids, previous):
-                start = len(previous.prompt_ids) + len(previous.response_ids)
-                drafts[-1].add_call(triplet, triplet.prompt_ids[start:])
-                previous = triplet
+    previous: TrainedCall | None = None
+    open_draft = False  # whether drafts[-1] ends with `previous` (it can be extended)
+    for call_index, call in enumerate(calls):
+        triplet = call.triplet
+        if level == "trajectory" and previous is not None:
+            before = previous.triplet
+            if before is not None and open_draft and continues(call.prompt_ids, before):
+                previous = call
+                if triplet is not None:
+                    start = len(before.prompt_ids) + len(before.response_ids)
+                    drafts[-1].add_call(triplet, triplet.prompt_ids[start:])
+                else:  # it continues the row but trains nothing, so no later call extends the row
+                    open_draft = False
                 continue
-            kind, shared, expected, actual = classify_break(previous, triplet.prompt_ids, tokenizer)
-            breaks.append(MergeBreak(rollout.rollout_id, call_index, kind, shared, expected, actual))
-        draft = _Draft(prompt=triplet.prompt_ids, first_call=call_index)
-        draft.add_call(triplet, None)
-        drafts.append(draft)
-        previous = triplet
+            kind, shared, expected, actual = _classify_after(previous, call.prompt_ids, tokenizer)
+            breaks.append(MergeBreak(rollout_id, call_index, kind, shared, expected, actual))
+        previous = call
+        open_draft = triplet is not None
+        if triplet is not None:
+            draft = _Draft(prompt=triplet.prompt_ids, first_call=call_index)
+            draft.add_call(triplet, None)
+            drafts.append(draft)
     return drafts
+
+
+def _classify_after(
+    previous: TrainedCall, prompt: np.ndarray, tokenizer: Tokenizer | None
+) -> tuple[BreakKind, int, str | None, str | None]:
+    """`classify_break` against the sample that trained, or, when none did, against the sample that
+    shares the most ids with `prompt`."""
+    if previous.triplet is not None:
+        return classify_break(previous.triplet, prompt, tokenizer)
+    candidates = [Triplet(previous.prompt_ids, s.response_ids) for s in previous.samples]
+    closest = max(candidates, key=lambda t: classify_break(t, prompt)[1])
+    return classify_break(closest, prompt, tokenizer)
 
 
 def _pack(

@@ -46,6 +46,9 @@ class Plan:
     reward: float | None = 1.0
     state: str = "succeeded"
     gate: asyncio.Event | None = None  # finish only once this is set
+    n: int = 1  # choices asked for on every turn
+    choice: int = 0  # the choice the agent goes on with
+    resample_first: bool = False  # ask the first prompt once more (another seed), go on with the first answer
 
 
 Script = Callable[[str], Plan]
@@ -81,8 +84,14 @@ class ScriptedAgents:
         url = f"/proxy/rollout/{rid}/attempt/0/mode/train/openai/v1/chat/completions"
         messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {rid} w1 w2 w3"}]
         for turn in range(plan.turns):
-            answer = (await api.post(url, json={"messages": messages, "max_tokens": 6})).json()
-            messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+            body: dict[str, Any] = {"messages": messages, "max_tokens": 6}
+            if plan.n > 1:
+                body["n"] = plan.n
+            answer = (await api.post(url, json=body)).json()
+            if plan.resample_first and turn == 0:
+                (await api.post(url, json={**body, "seed": 7})).raise_for_status()
+            content = answer["choices"][plan.choice]["message"]["content"]
+            messages.append({"role": "assistant", "content": content})
             messages.append({"role": "tool", "content": f"result {turn} w4 w5"})
         if plan.reward is not None:
             event = {"event_type": "reward", "data": {"value": plan.reward}}

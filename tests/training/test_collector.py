@@ -17,7 +17,7 @@ import pytest
 from keraunos.testing.processes import Engine, Gateway, unique_id
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages
 from keraunos.training.collect import CollectedBatch, CollectorConfig, CollectorError, RolloutCollector
-from keraunos.training.trajectories import TrajectoryConfig, build_rows
+from keraunos.training.trajectories import TrajectoryConfig, UnresolvedSamples, build_rows
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -273,3 +273,77 @@ def test_a_wrong_key_is_a_clear_error_naming_the_request(collect_gateway: Gatewa
 
     with pytest.raises(CollectorError, match=r"GET /api/info: HTTP 401"):
         asyncio.run(main())
+
+
+# -- several samples of one prompt -----------------------------------------------------------------
+
+
+def full_calls(gateway: Gateway, rollout_id: str) -> list[dict[str, Any]]:
+    with gateway.client() as api:
+        events = api.get(f"/api/rollouts/{rollout_id}/events", params={"event_type": "model_request"}).json()
+    return [e["data"] for e in events]
+
+
+@pytest.mark.parametrize("rule", ["drop", "first_choice"])
+def test_n_2_with_the_agent_going_on_with_choice_1_trains_choice_1_and_counts_what_is_left_out(
+    collect_gateway: Gateway, agents: Any, rule: UnresolvedSamples
+) -> None:
+    cfg = config(collect_gateway, n=2)
+    [batch] = collect_with(agents, collect_gateway, cfg, lambda rid: agents.plan(turns=2, n=2, choice=1))
+    rollouts = batch.rollouts
+    built = build_rows(
+        rollouts, TrajectoryConfig(max_prompt_len=64, max_response_len=128, unresolved_samples=rule)
+    )
+    assert not built.breaks  # continuing choice 1 is no break (it was named `rewrite`)
+    assert len(built.rows) == len(rollouts) == 4
+    for i, rollout in enumerate(rollouts):
+        first, last = (
+            call["response"]["choices"] for call in full_calls(collect_gateway, rollout.rollout_id)
+        )
+        assert first[0]["token_ids"] != first[1]["token_ids"]  # two genuine samples
+        p = built.rows.prompt_len
+        n_response = int(built.rows.attention_mask[i, p:].sum())
+        trained = built.rows.input_ids[i, p : p + n_response][built.rows.response_mask[i, :n_response] == 1]
+        # Choice 1 of the first call trains; the last call has nothing after it: the rule decides.
+        expected = first[1]["token_ids"] + (last[0]["token_ids"] if rule == "first_choice" else [])
+        assert trained.tolist() == expected
+    metrics = built.metrics
+    assert (metrics["multi_sample_calls"], metrics["abandoned_samples"], metrics["unresolved_calls"]) == (
+        8,
+        4,
+        4,
+    )
+    assert metrics["unresolved_samples_dropped"] == (8 if rule == "drop" else 4)
+
+
+def test_the_same_prompt_sampled_twice_trains_the_answer_the_agent_went_on_with_not_only_the_last(
+    collect_gateway: Gateway, agents: Any
+) -> None:
+    cfg = config(collect_gateway, n=2)
+    [batch] = collect_with(
+        agents, collect_gateway, cfg, lambda rid: agents.plan(turns=2, resample_first=True)
+    )
+    rollouts = batch.rollouts
+    built = build_rows(rollouts, TrajectoryConfig(max_prompt_len=64, max_response_len=128))
+    assert not built.breaks and len(built.rows) == 4
+    assert (built.metrics["abandoned_samples"], built.metrics["unresolved_calls"]) == (4, 0)
+    for i, rollout in enumerate(rollouts):
+        calls = full_calls(collect_gateway, rollout.rollout_id)
+        assert (
+            len(calls) == 3
+            and calls[0]["response"]["prompt_token_ids"] == calls[1]["response"]["prompt_token_ids"]
+        )
+        answered, resampled = (c["response"]["choices"][0]["token_ids"] for c in calls[:2])
+        assert answered != resampled
+        p = built.rows.prompt_len
+        assert built.rows.input_ids[i, p : p + len(answered)].tolist() == answered  # the earlier answer
+        with collect_gateway.client() as api:
+            triplets = api.get(
+                f"/api/rollouts/{rollout.rollout_id}/events", params={"format": "triplet"}
+            ).json()
+        # v1.0's fields keep the last call; the earlier one rides along instead of vanishing.
+        assert [e["data"]["response_token_ids"] for e in triplets[:2]] == [
+            resampled,
+            calls[2]["response"]["choices"][0]["token_ids"],
+        ]
+        assert [r["response_token_ids"] for r in triplets[0]["data"]["replaced_calls"]] == [answered]

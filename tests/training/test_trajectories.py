@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keraunos.training._data import CompletedRollout, Triplet
+from keraunos.training._data import CompletedRollout, Sample, Triplet
 from keraunos.training.trajectories import MergeBreak, TrajectoryConfig, build_rows
 
 PROPERTY = settings(
@@ -248,3 +248,109 @@ def test_without_a_tokenizer_a_break_before_the_last_response_is_a_rewrite() -> 
     calls = [triplet([1, 2], [3]), triplet([1, 8, 3, 4], [5]), triplet([1, 8, 3, 4, 6, 4], [6])]
     result = build_rows([rollout(calls)], ROOMY)
     assert result.breaks == [MergeBreak("r0", 1, "rewrite", 1), MergeBreak("r0", 2, "unclassified", 4)]
+
+
+# -- several samples of one prompt (n > 1, or the same prompt sampled twice) ------------------------
+
+
+def sampled(prompt: list[int], *responses: list[int]) -> Triplet:
+    """A call whose prompt has several samples: the first is the triplet's own, the rest alternatives."""
+    first, *others = responses
+    alternatives = tuple(
+        Sample(np.array(r, dtype=np.int64), np.full(len(r), -0.5 - k, dtype=np.float32), 1)
+        for k, r in enumerate(others)
+    )
+    base = triplet(prompt, first, [-0.25] * len(first))
+    return Triplet(base.prompt_ids, base.response_ids, base.logprobs, 1, alternatives)
+
+
+def test_n_2_with_the_agent_going_on_with_choice_1_trains_choice_1_in_one_merged_row() -> None:
+    calls = [sampled([1, 2], [3, 3], [4, 4]), triplet([1, 2, 4, 4, 9], [5], [-0.75])]
+    result = build_rows([rollout(calls)], ROOMY, tokenizer=CharTokenizer({i: f"w{i} " for i in range(10)}))
+    assert not result.breaks  # continuing choice 1 is no break, and certainly not a `rewrite`
+    assert len(result.rows) == 1
+    assert row_content(result.rows, 0) == ([1, 2], [4, 4, 9, 5], [1, 1, 0, 1])
+    assert result.rows.old_logprobs[0, :4].tolist() == [-0.5, -0.5, 0.0, -0.75]  # choice 1's own
+    assert (result.metrics["multi_sample_calls"], result.metrics["abandoned_samples"]) == (1, 1)
+    assert result.metrics["unresolved_calls"] == 0
+
+
+def test_a_prompt_sampled_twice_trains_the_sample_the_next_call_continues_counting_the_other() -> None:
+    # The triplet view folds the earlier call into the later one (`replaced_calls`): here the agent
+    # went on with the earlier answer, which v1.0's keep-the-last rule would have lost.
+    calls = [sampled([1, 2], [6], [3]), triplet([1, 2, 3, 9], [5])]
+    result = build_rows([rollout(calls)], ROOMY)
+    assert [row_content(result.rows, 0)] == [([1, 2], [3, 9, 5], [1, 0, 1])]
+    assert result.metrics["abandoned_samples"] == 1
+
+
+def test_the_longest_sample_the_next_prompt_continues_wins() -> None:
+    calls = [sampled([1], [2], [2, 3]), triplet([1, 2, 3, 4], [5])]
+    assert row_content(build_rows([rollout(calls)], ROOMY).rows, 0) == ([1], [2, 3, 4, 5], [1, 1, 0, 1])
+
+
+@pytest.mark.parametrize(
+    ("rule", "rows", "dropped"),
+    [("drop", [([1, 2], [3], [1])], 2), ("first_choice", [([1, 2], [3], [1]), ([1, 2, 3, 9], [5], [1])], 1)],
+)
+def test_a_last_call_with_several_samples_follows_the_unresolved_rule_and_is_counted(
+    rule: str, rows: list[Any], dropped: int
+) -> None:
+    calls = [triplet([1, 2], [3]), sampled([1, 2, 3, 9], [5], [6])]
+    config = ROOMY.model_copy(update={"unresolved_samples": rule, "level": "transition"})
+    result = build_rows([rollout(calls)], config)
+    assert [row_content(result.rows, i) for i in range(len(result.rows))] == rows
+    assert (result.metrics["unresolved_calls"], result.metrics["unresolved_samples_dropped"]) == (1, dropped)
+
+
+def test_after_dropped_samples_a_new_row_starts_its_break_named_against_the_closest_sample() -> None:
+    # The next prompt continues neither sample: the history changed after id 3.
+    calls = [sampled([1, 2], [3, 4], [3, 5]), triplet([1, 2, 3, 6], [6])]
+    result = build_rows([rollout(calls)], ROOMY)
+    assert [row_content(result.rows, 0)] == [([1, 2, 3, 6], [6], [1])]
+    assert [(b.call_index, b.shared_prefix, b.kind) for b in result.breaks] == [(1, 3, "unclassified")]
+    assert result.metrics["unresolved_calls"] == 1
+
+
+def test_samples_are_resolved_by_the_next_call_of_the_same_conversation_across_interleaved_calls() -> None:
+    calls = [sampled([1, 2], [3], [4]), triplet([8, 8], [9]), triplet([1, 2, 4, 0], [5])]
+    result = build_rows([rollout(calls)], ROOMY.model_copy(update={"level": "transition"}))
+    assert row_content(result.rows, 0) == ([1, 2], [4], [1])
+    assert result.metrics["abandoned_samples"] == 1
+
+
+@st.composite
+def sampled_rollouts(draw: st.DrawFn) -> list[Triplet]:
+    """`rollouts()` with some calls given extra samples, and the next prompt continuing any of them."""
+    calls = draw(rollouts())
+    out: list[Triplet] = []
+    for k, call in enumerate(calls):
+        extra = draw(st.lists(st.lists(st.integers(0, 6), max_size=4), max_size=2))
+        if not extra:
+            out.append(call)
+            continue
+        out.append(sampled(as_list(call.prompt_ids), as_list(call.response_ids), *extra))
+        if k + 1 < len(calls) and draw(st.booleans()):  # the agent went on with one of the extra samples
+            gap = draw(st.lists(st.integers(0, 6), max_size=3))
+            calls[k + 1] = triplet([*as_list(call.prompt_ids), *draw(st.sampled_from(extra)), *gap], [1])
+    return out
+
+
+@PROPERTY
+@given(calls=sampled_rollouts(), rule=st.sampled_from(["drop", "first_choice"]))
+def test_every_sample_is_trained_or_counted_and_each_trained_one_is_a_sample_of_its_prompt(
+    calls: list[Triplet], rule: str
+) -> None:
+    config = ROOMY.model_copy(update={"unresolved_samples": rule, "level": "transition"})
+    result = build_rows([rollout(calls)], config)
+    rows = result.rows
+    for i in range(len(rows)):
+        call = calls[int(rows.first_call[i])]
+        _, response, _ = row_content(rows, i)
+        assert response in [as_list(s.response_ids) for s in call.samples]
+    total = sum(len(c.samples) for c in calls)
+    metrics = result.metrics
+    trained_samples = total - metrics["abandoned_samples"] - metrics["unresolved_samples_dropped"]
+    empty = sum(1 for c in calls for s in c.samples if not len(s.response_ids))
+    assert len(rows) <= trained_samples and len(rows) >= trained_samples - empty
+    assert trained_samples == len(calls) - (metrics["unresolved_calls"] if rule == "drop" else 0)
