@@ -12,10 +12,17 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-#: Rollout and attempt ids: safe in URLs, file names and Kubernetes labels.
-ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+#: Rollout and attempt ids: 1 to 128 characters of `[A-Za-z0-9._:-]`, not only dots, so safe in URLs,
+#: file names and Kubernetes labels. `.` and `..` are refused: HTTP clients normalise them out of a
+#: URL path (`/api/rollouts/../attempt/1` is another path) and file systems read them as directories.
+#: The pattern needs at least one character that is not a dot; the length is a separate check
+#: (`ID_MAX_LENGTH`), as pydantic's regex engine has no lookahead.
+ID_PATTERN = r"^[A-Za-z0-9._:-]{0,127}[A-Za-z0-9_:-][A-Za-z0-9._:-]{0,127}$"
+ID_MAX_LENGTH = 128
 ID_RE = re.compile(ID_PATTERN)
-Id = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+#: What an id must be, in words (error messages and docs).
+ID_RULE = "1 to 128 characters of [A-Za-z0-9._:-], not only dots"
+Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH)]
 
 #: An integer that fits a 64-bit database column (numbers inside JSON payloads may be any size).
 Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
@@ -32,8 +39,8 @@ MODEL_REQUEST = "model_request"
 
 
 def is_valid_id(value: str) -> bool:
-    """Whether `value` is an acceptable rollout or attempt id."""
-    return ID_RE.fullmatch(value) is not None
+    """Whether `value` is an acceptable rollout or attempt id (`ID_RULE`)."""
+    return len(value) <= ID_MAX_LENGTH and ID_RE.fullmatch(value) is not None
 
 
 class RolloutState(StrEnum):

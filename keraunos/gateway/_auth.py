@@ -17,6 +17,7 @@ import orjson
 import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from keraunos.gateway._errors import is_proxy_path, openai_error
 from keraunos.gateway._tokens import TokenClaims, looks_like_token, verify
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import LedgerUnavailable
@@ -27,15 +28,7 @@ log = structlog.get_logger("keraunos.gateway")
 #: Where the auth layer leaves the claims of an agent request, for routes that restrict agents further.
 AGENT_SCOPE_KEY = "keraunos.agent"
 
-_UNAUTHORIZED_BODY = b'{"detail":"Invalid or missing API key"}'
-_UNAUTHORIZED_START = {
-    "type": "http.response.start",
-    "status": 401,
-    "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(_UNAUTHORIZED_BODY)).encode()),
-    ],
-}
+UNAUTHORIZED = "Invalid or missing API key"
 OUT_OF_SCOPE = "agent token is not valid for this path"
 
 
@@ -130,21 +123,21 @@ class ServerKeyAuth:
             return
         token = presented_token(scope["headers"])
         claims = verify(self._token_secret, token, time.time()) if token is not None else None
+        path = scope["path"]
         if claims is None:
-            await send(_UNAUTHORIZED_START)
-            await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
+            await _answer(send, path, 401, UNAUTHORIZED, "invalid_api_key")
             return
-        if not in_scope(claims, scope["method"], scope["path"]):
-            await _answer(send, 403, OUT_OF_SCOPE)
+        if not in_scope(claims, scope["method"], path):
+            await _answer(send, path, 403, OUT_OF_SCOPE, "out_of_scope")
             return
         try:
             superseded = await self._superseded(claims)
         except LedgerUnavailable as exc:
-            log.error("ledger unavailable", path=scope["path"], error=str(exc))
-            await _answer(send, 503, f"Ledger unavailable: {exc}. Retry later.")
+            log.error("ledger unavailable", path=path, error=str(exc))
+            await _answer(send, path, 503, f"Ledger unavailable: {exc}. Retry later.", "ledger_unavailable")
             return
         if superseded is not None:
-            await _answer(send, 409, f"attempt superseded: {superseded}")
+            await _answer(send, path, 409, f"attempt superseded: {superseded}", "attempt_superseded")
             return
         scope[AGENT_SCOPE_KEY] = claims
         await self.app(scope, receive, send)
@@ -172,8 +165,11 @@ class ServerKeyAuth:
         return None
 
 
-async def _answer(send: Send, status: int, detail: str) -> None:
-    body = orjson.dumps({"detail": detail})
+async def _answer(send: Send, path: str, status: int, detail: str, code: str) -> None:
+    """`{"detail": ...}` (docs/protocol.md#errors), OpenAI's error shape too on a proxy path."""
+    body = (
+        openai_error(status, detail, code=code) if is_proxy_path(path) else orjson.dumps({"detail": detail})
+    )
     await send(
         {
             "type": "http.response.start",

@@ -1,4 +1,5 @@
-"""Request body size limit as a pure ASGI middleware: over the limit -> `413 {"detail": ...}`.
+"""Request body size limit as a pure ASGI middleware: over the limit -> `413 {"detail": ...}`
+(in OpenAI's error shape too on a proxy path).
 
 A declared `Content-Length` over the limit is refused before the body is read. A body without one
 (chunked transfer) is counted while the route reads it, and reading stops with a 413 as soon as
@@ -7,18 +8,22 @@ the count passes the limit, so the excess is never buffered.
 
 from __future__ import annotations
 
+import orjson
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from keraunos.gateway._errors import is_proxy_path, openai_error
 
 
 class BodyTooLarge(HTTPException):
     """The request body is larger than the gateway accepts."""
 
     def __init__(self, max_bytes: int) -> None:
-        super().__init__(
-            status_code=413,
-            detail=f"Request body too large: the limit is {max_bytes} bytes (max_body_bytes)",
-        )
+        super().__init__(status_code=413, detail=too_large_message(max_bytes))
+
+
+def too_large_message(max_bytes: int) -> str:
+    return f"Request body too large: the limit is {max_bytes} bytes (max_body_bytes)"
 
 
 class BodySizeLimit:
@@ -35,7 +40,7 @@ class BodySizeLimit:
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if value.isdigit() and int(value) > self.max_bytes:
-                    await self._refuse(send)
+                    await self._refuse(scope["path"], send)
                     return
                 # The server delivers exactly Content-Length bytes, so nothing to count.
                 await self.app(scope, receive, send)
@@ -56,12 +61,12 @@ class BodySizeLimit:
 
         await self.app(scope, counting_receive, send)
 
-    async def _refuse(self, send: Send) -> None:
-        body = (
-            b'{"detail":"Request body too large: the limit is '
-            + str(self.max_bytes).encode()
-            + b' bytes (max_body_bytes)"}'
-        )
+    async def _refuse(self, path: str, send: Send) -> None:
+        message = too_large_message(self.max_bytes)
+        if is_proxy_path(path):
+            body = openai_error(413, message, code="body_too_large")
+        else:
+            body = orjson.dumps({"detail": message})
         await send(
             {
                 "type": "http.response.start",

@@ -12,14 +12,21 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
-
-from keraunos.protocol import is_valid_id
 
 PREFIX = "kat1."
 #: Tokens live this long past the attempt's timeout, so an agent finishing late can still report.
 EXPIRY_MARGIN_S = 600
 _DERIVATION_LABEL = b"keraunos agent tokens v1"
+#: Ids a token may name: the id alphabet without the "not only dots" rule of `keraunos.protocol`, so
+#: that a rollout stored before that rule still gets its token (a claim must never fail after its
+#: commit). What matters here is that an id holds no space, the payload's separator.
+_TOKEN_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _token_id(value: str) -> bool:
+    return _TOKEN_ID.fullmatch(value) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +50,7 @@ def token_secret(configured: str, key: str) -> bytes:
 
 def mint(secret: bytes, rollout_id: str, attempt_id: str, expires_at: int) -> str:
     """A token for (rollout_id, attempt_id) valid until `expires_at` (unix seconds, exclusive)."""
-    if not (is_valid_id(rollout_id) and is_valid_id(attempt_id)):
+    if not (_token_id(rollout_id) and _token_id(attempt_id)):
         raise ValueError(f"cannot mint a token for invalid ids {rollout_id!r}, {attempt_id!r}")
     payload = _b64(f"{rollout_id} {attempt_id} {int(expires_at)}".encode())
     signed = PREFIX + payload
@@ -72,7 +79,7 @@ def verify(secret: bytes, token: str, now: float) -> TokenClaims | None:
     if len(fields) != 3 or not fields[2].isdigit():
         return None
     rollout_id, attempt_id, expires = fields
-    if not (is_valid_id(rollout_id) and is_valid_id(attempt_id)):
+    if not (_token_id(rollout_id) and _token_id(attempt_id)):
         return None
     expires_at = int(expires)
     if now >= expires_at:

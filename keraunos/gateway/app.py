@@ -12,17 +12,22 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import pydantic_core
 import structlog
 from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from pydantic_core import PydanticSerializationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import keraunos
 from keraunos.gateway._auth import ServerKeyAuth
+from keraunos.gateway._errors import error_body, is_proxy_path, openai_error
 from keraunos.gateway._fastlane import FastLane
 from keraunos.gateway._limits import BodySizeLimit
 from keraunos.gateway._openapi import build_openapi
 from keraunos.gateway._tokens import token_secret
 from keraunos.gateway.api import attempts, events, info, models, rollouts, tokens
-from keraunos.gateway.api._common import dump_json
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
 from keraunos.gateway.proxy import CacheInvalidation, ProxyState, proxy_lifespan
@@ -84,6 +89,8 @@ def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination
     for router in routers:
         app.include_router(router)
 
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RolloutNotFound, _not_found)
     app.add_exception_handler(InvalidTransition, _conflict)
     app.add_exception_handler(AttemptNotFound, _not_found)
@@ -140,18 +147,77 @@ async def healthz() -> Response:
     return Response(_HEALTHZ, media_type="application/json")
 
 
-def _detail(status_code: int, detail: str) -> Response:
-    return Response(dump_json({"detail": detail}), status_code=status_code, media_type="application/json")
+def _detail(request: Request, status_code: int, detail: str) -> Response:
+    body = error_body(request.url.path, status_code, detail)
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return _detail(404, str(exc))
+    return _detail(request, 404, str(exc))
 
 
 async def _conflict(request: Request, exc: Exception) -> Response:
-    return _detail(409, str(exc))
+    return _detail(request, 409, str(exc))
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:
     log.error("ledger unavailable", method=request.method, path=request.url.path, error=str(exc))
-    return _detail(503, f"Ledger unavailable: {exc}. Retry later.")
+    return _detail(request, 503, f"Ledger unavailable: {exc}. Retry later.")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's errors (unknown path, method not allowed, body too large): FastAPI's answer on
+    `/api`, OpenAI's error shape on a proxy path."""
+    assert isinstance(exc, StarletteHTTPException)
+    if not is_proxy_path(request.url.path):
+        return await http_exception_handler(request, exc)
+    body = openai_error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path[:200]}")
+    return Response(body, status_code=exc.status_code, media_type="application/json", headers=exc.headers)
+
+
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    """422 listing the validation errors, as FastAPI does, but never a 500 on the way.
+
+    FastAPI's own handler writes each error's `input` with the stdlib encoder, which refuses NaN and
+    Infinity and bytes that are not UTF-8: the caller's mistake became a 500. Here non-finite numbers
+    are written as strings (`"NaN"`), bytes are decoded with replacement, and an `input` that still
+    cannot be written is left out. On a proxy path the errors come in OpenAI's shape too.
+    """
+    assert isinstance(exc, RequestValidationError)
+    errors = [_plain_error(error) for error in exc.errors()]
+    extra: dict[str, object] = {}
+    if is_proxy_path(request.url.path):
+        message = "; ".join(_describe(error) for error in errors) or "Invalid request"
+        extra = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "code": None,
+                "source": "gateway",
+                "attempts": 0,
+            }
+        }
+    try:
+        body = _to_json({"detail": errors, **extra})
+    except PydanticSerializationError:
+        for error in errors:
+            error.pop("input", None)
+        body = _to_json({"detail": errors, **extra})
+    return Response(body, status_code=422, media_type="application/json")
+
+
+def _plain_error(error: Any) -> dict[str, Any]:
+    plain = dict(error)
+    value = plain.get("input")
+    if isinstance(value, bytes | bytearray):
+        plain["input"] = bytes(value).decode("utf-8", errors="replace")
+    return plain
+
+
+def _describe(error: dict[str, Any]) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    return f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid"))
+
+
+def _to_json(value: Any) -> bytes:
+    return pydantic_core.to_json(value, inf_nan_mode="strings", fallback=str)

@@ -93,6 +93,18 @@ class GatewayConfig(LayeredSettings):
         ge=1024,
         description="Largest request body accepted, in bytes; larger ones get 413.",
     )
+    max_connections: int = Field(
+        default=10_000,
+        ge=0,
+        description="Most connections (and requests in progress) the server takes at once; beyond it "
+        "new requests get a plain-text 503 from the HTTP server (uvicorn's limit_concurrency). 0: no limit.",
+    )
+    keep_alive_timeout_s: int = Field(
+        default=120,
+        ge=1,
+        description="How long an idle keep-alive connection stays open, in seconds (agents reuse theirs "
+        "between model calls).",
+    )
     log_level: LogLevel = Field(default="info", description="Least severe log level written to stderr.")
     metrics_public: bool = Field(
         default=False,

@@ -11,6 +11,7 @@ ON_BOTH_BACKENDS = frozenset(
         "test_api_access",
         "test_api_attempts",
         "test_api_events",
+        "test_api_hostile",
         "test_api_models",
         "test_api_rollouts",
         "test_api_terminal",

@@ -1,12 +1,17 @@
 """Fuzzing the `/api` against a real gateway process: bad input is a 4xx, never a 5xx.
 
-Two fuzzers: schemathesis generates valid and invalid requests from the gateway's own OpenAPI
-document, and a hypothesis test throws malformed JSON, ids and query values at every route. Both
-are derandomised (same examples on every run) and sized to finish in well under a minute.
+Three fuzzers: schemathesis generates valid and invalid requests from the gateway's own OpenAPI
+document, a hypothesis test throws malformed JSON, ids and query values at every route, and one
+throws hostile values (deep nesting, NaN and Infinity, bytes that are not UTF-8, odd ids) at the
+routes that store (create, claim, events, proxied calls) and checks that a refused request commits
+nothing and the ledger keeps listing, reading and claiming. All are derandomised (same examples on
+every run) and sized to finish in well under a minute.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -163,3 +168,101 @@ def test_the_gateway_is_healthy_after_fuzzing(fuzz_gateway: Any) -> None:
     assert httpx.get(fuzz_gateway.base_url + "/healthz").json() == {"status": "ok"}
     assert fuzz_gateway.process.poll() is None
     assert "Traceback" not in fuzz_gateway.log()
+
+
+# -- hostile values on the routes that store: 4xx, nothing committed, the ledger still serves ------
+
+CANARY = "fuzz-canary"
+
+
+@pytest.fixture(scope="module")
+def hostile_gateway(fuzz_gateway: Any, engine: Any) -> Any:
+    """The fuzz gateway with a model endpoint (so proxied calls reach a model) and a canary rollout."""
+    fuzz_gateway.register([engine])
+    with httpx.Client(base_url=fuzz_gateway.base_url, headers=AUTH) as api:
+        api.post("/api/rollouts", json=[{"input": {"q": "canary"}, "rollout_id": CANARY}])
+    return fuzz_gateway
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value] if depth % 2 else {"k": value}
+    return value
+
+
+hostile_values = st.one_of(
+    json_values,
+    st.integers(min_value=100, max_value=400).map(_nested),
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), 2**70, "\udcff", "\x00"]),
+    st.lists(st.sampled_from([float("nan"), 1, "x", None]), max_size=3),
+)
+odd_ids = st.sampled_from([".", "..", "...", "a b", "a/b", "é", "x" * 129, "run-1\n", ""])
+_counter = itertools.count()
+
+
+def _encode(value: Any, garble: bool) -> bytes:
+    text = json.dumps(value, allow_nan=True)  # NaN and Infinity as Python writes them
+    raw = text.encode("utf-8", errors="surrogatepass")
+    return raw.replace(b'"', b'"\xff', 1) if garble else raw
+
+
+def _counts(api: httpx.Client) -> tuple[int, int, int]:
+    """(rollouts listed, running rollouts, events of the canary): all must keep answering 200."""
+    listed = api.get("/api/rollouts", params={"state_in": ["queuing", "running"], "limit": 100000})
+    running = api.get("/api/rollouts", params={"state_in": "running", "limit": 100000})
+    events = api.get(f"/api/rollouts/{CANARY}/events")
+    for response in (listed, running, events, api.get(f"/api/rollouts/{CANARY}")):
+        assert response.status_code == 200, response.text[:500]
+    return len(listed.json()), len(running.json()), len(events.json())
+
+
+@settings(
+    max_examples=50, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
+@given(
+    route=st.sampled_from(["create", "event", "claim", "proxy"]),
+    odd_id=st.one_of(st.none(), odd_ids),
+    value=hostile_values,
+    garble=st.booleans(),
+)
+def test_hostile_bodies_and_ids_get_4xx_commit_nothing_and_the_ledger_keeps_serving(
+    hostile_gateway: Any, route: str, odd_id: str | None, value: Any, garble: bool
+) -> None:
+    fresh = f"hostile-{next(_counter)}"
+    target = odd_id if odd_id is not None else CANARY
+    if route == "create":
+        path = "/api/rollouts"
+        body = [
+            {"input": value, "metadata": {"m": value}, "rollout_id": odd_id if odd_id is not None else fresh}
+        ]
+    elif route == "event":
+        path = f"/api/rollouts/{quote(target, safe='')}/attempt/0/events"
+        body = {"event_type": "x", "data": {"v": value}}
+    elif route == "claim":
+        path = "/api/rollouts/claim"
+        body = {"controller_id": "fuzz", "count": value, "lease_seconds": value}
+    else:
+        path = f"/proxy/rollout/{quote(target, safe='')}/attempt/0/mode/train/openai/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": value}], "max_tokens": 2, "stream": value}
+    with httpx.Client(base_url=hostile_gateway.base_url, headers=AUTH, timeout=30) as api:
+        before = _counts(api)
+        response = api.post(path, content=_encode(body, garble), headers={"content-type": "application/json"})
+        assert response.status_code < 500, (route, path, response.text[:500])
+        after = _counts(api)
+        if response.status_code >= 400:
+            assert after == before, (route, response.text[:300])  # a refused request commits nothing
+            if route == "create" and odd_id is None:
+                assert api.get(f"/api/rollouts/{fresh}").status_code == 404
+            if path.startswith("/proxy/"):
+                assert response.json()["error"]["source"] == "gateway"
+
+
+def test_after_the_hostile_requests_the_ledger_claims_and_reads_for_everyone(hostile_gateway: Any) -> None:
+    with httpx.Client(base_url=hostile_gateway.base_url, headers=AUTH, timeout=30) as api:
+        api.post("/api/rollouts", json=[{"input": 1, "rollout_id": "after-hostile"}])
+        claimed = api.post("/api/rollouts/claim", json={"controller_id": "after", "count": 1000})
+        assert claimed.status_code == 200, claimed.text[:500]
+        assert "after-hostile" in {item["rollout"]["rollout_id"] for item in claimed.json()}
+        _counts(api)
+    assert "Traceback" not in hostile_gateway.log()

@@ -8,6 +8,7 @@ response-model re-validation) costs more than the ledger write itself.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, TypeVar
@@ -23,15 +24,15 @@ from pydantic_core import PydanticSerializationError
 from starlette.requests import ClientDisconnect
 
 from keraunos.ledger.base import Ledger
-from keraunos.protocol import ID_PATTERN, ID_RE
+from keraunos.protocol import ID_MAX_LENGTH, ID_PATTERN, ID_RULE, is_valid_id
 
 T = TypeVar("T")
 
 RolloutIdPath = Annotated[
-    str, Path(pattern=ID_PATTERN, description="Rollout id, matching `[A-Za-z0-9._:-]{1,128}`.")
+    str, Path(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH, description=f"Rollout id: {ID_RULE}.")
 ]
 AttemptIdPath = Annotated[
-    str, Path(pattern=ID_PATTERN, description="Attempt id, matching `[A-Za-z0-9._:-]{1,128}`.")
+    str, Path(pattern=ID_PATTERN, max_length=ID_MAX_LENGTH, description=f"Attempt id: {ID_RULE}.")
 ]
 
 
@@ -73,7 +74,7 @@ def id_checked(
     async def handler(request: Request) -> Response:
         params = request.path_params
         for name in names:
-            if ID_RE.fullmatch(params[name]) is None:
+            if not is_valid_id(params[name]):
                 raise RequestValidationError([_id_error(name, params[name])])
         return await endpoint(request, **params)
 
@@ -85,7 +86,7 @@ def _id_error(name: str, value: str) -> dict[str, Any]:
     return {
         "type": "string_pattern_mismatch",
         "loc": ("path", name),
-        "msg": f"String should match pattern '{ID_PATTERN}'",
+        "msg": f"String should match pattern '{ID_PATTERN}' ({ID_RULE})",
         "input": value,
         "ctx": {"pattern": ID_PATTERN},
     }
@@ -101,7 +102,8 @@ async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:
 
     orjson is the fast path. It silently turns integers beyond 64 bits into floats, so a body that
     may hold one goes to the stdlib parser instead (as do NaN and Infinity, which v1.0 accepted):
-    what a client wrote is what the ledger stores.
+    what a client wrote is what the ledger stores. A body nested deeper than `MAX_JSON_DEPTH` is a
+    422 before anything is validated or stored.
     """
     raw = await _raw_body(request)
     if _MAYBE_BIG_INT.search(raw) is not None:
@@ -111,6 +113,10 @@ async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             data = _parse_lenient(raw, exc)
+    if too_deep(raw, data):
+        raise RequestValidationError(
+            [{"type": "json_too_deep", "loc": ("body",), "msg": TOO_DEEP_MESSAGE, "input": None}]
+        )
     try:
         return adapter.validate_python(data)
     except ValidationError as exc:
@@ -182,13 +188,102 @@ def dump_json(value: Any) -> bytes:
     try:
         return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError:
+        pass
+    try:
         return pydantic_core.to_json(value, fallback=_array_to_list, inf_nan_mode="null")
+    except PydanticSerializationError:
+        # Both refuse more than ~254 levels of nesting. The gateway accepts at most MAX_JSON_DEPTH,
+        # but a row stored before that rule (or by another writer) must still read back: the stdlib
+        # nests as deep as the ledger's codec could store.
+        return _dump_stdlib(value)
+
+
+def dump_models(adapter: TypeAdapter[T], value: T) -> bytes:
+    """`adapter.dump_json(value)`, falling back to `dump_json` of its plain data where pydantic's
+    serialiser gives up (nesting past ~254 levels in an `input`), so a stored row never fails a
+    read or a claim answer."""
+    try:
+        return adapter.dump_json(value)
+    except PydanticSerializationError:
+        return dump_json(adapter.dump_python(value))
+
+
+def _dump_stdlib(value: Any) -> bytes:
+    text = json.dumps(_finite_or_null(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")  # a lone surrogate raises (UnicodeEncodeError, a ValueError)
+
+
+def _finite_or_null(value: Any) -> Any:
+    """`value` with NaN and infinities as None (as orjson writes them) and numpy arrays as lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_null(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return _finite_or_null(value.tolist())
+    return value
 
 
 def _array_to_list(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     raise TypeError(f"cannot serialise {type(value).__name__} as JSON")
+
+
+# -- nesting depth --------------------------------------------------------------------------------
+
+#: Deepest nesting of arrays and objects a request body may have (/api and proxied calls alike).
+#: orjson and pydantic serialise at most ~254 levels, and whatever the gateway stores is served back
+#: a few levels further in (a rollout inside a claim answer inside a list, a call's body inside an
+#: event's `data`): deeper bodies are refused before anything is stored, so every read stays servable.
+MAX_JSON_DEPTH = 128
+TOO_DEEP_MESSAGE = (
+    f"JSON nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects; the gateway accepts at "
+    f"most {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)"
+)
+_ORJSON_DEPTH = 254  # orjson serialises up to this many levels, and raises beyond
+_WRAPS = _ORJSON_DEPTH - MAX_JSON_DEPTH
+
+
+def too_deep(raw: bytes, value: Any) -> bool:
+    """Whether `value`, parsed from the JSON text `raw`, nests deeper than `MAX_JSON_DEPTH`.
+
+    Free for the usual body: a text with no more brackets than the limit cannot nest deeper.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    return dump_bounded(value) is None
+
+
+def dump_bounded(value: Any) -> bytes | None:
+    """JSON bytes of `value` as `dump_json` writes them, or None when it nests deeper than
+    `MAX_JSON_DEPTH`: the depth check costs nothing beyond the serialisation itself.
+
+    `value` goes to orjson inside `254 - MAX_JSON_DEPTH` one-item lists, so orjson's own recursion
+    limit refuses exactly the values nested too deep; the wrapping brackets are sliced off again.
+    """
+    wrapped = value
+    for _ in range(_WRAPS):
+        wrapped = [wrapped]
+    try:
+        out = orjson.dumps(wrapped, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError:  # too deep, or what orjson refuses (integers beyond 64 bits)
+        return None if _deeper_than(value, MAX_JSON_DEPTH) else dump_json(value)
+    return out[_WRAPS:-_WRAPS]
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
 
 
 def json_body_doc(schema_name: str, *, many: bool = False, description: str = "") -> dict[str, Any]:

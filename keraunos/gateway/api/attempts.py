@@ -22,6 +22,7 @@ from keraunos.gateway.api._common import (
     AttemptIdPath,
     LeanRoute,
     RolloutIdPath,
+    dump_models,
     json_body_doc,
     json_response,
     ledger_of,
@@ -115,7 +116,7 @@ async def claim(request: Request) -> Response:
         )
     if items:
         log.info("rollouts claimed", controller=body.controller_id, count=len(items))
-    return json_response(_CLAIMED.dump_json(items))
+    return json_response(dump_models(_CLAIMED, items))
 
 
 @router.post(
@@ -179,7 +180,7 @@ async def finish(request: Request, rollout_id: RolloutIdPath, attempt_id: Attemp
         outcome=body.outcome.value,
         rollout_state=rollout.status.state.value,
     )
-    return json_response(_FINISHED.dump_json(FinishResponse(rollout=rollout, attempt=attempt)))
+    return json_response(dump_models(_FINISHED, FinishResponse(rollout=rollout, attempt=attempt)))
 
 
 @router.put(

@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 from keraunos.gateway.api._common import (
     LeanRoute,
     RolloutIdPath,
+    dump_models,
     json_body_doc,
     json_response,
     ledger_of,
@@ -55,7 +56,7 @@ async def create_rollouts(request: Request) -> Response:
     """Create each item in order. An item whose `rollout_id` exists yields that rollout unchanged."""
     items = await read_body(request, _CREATE_BODY)
     rollouts = await ledger_of(request).create_rollouts(items, time.time())
-    return json_response(_ROLLOUTS.dump_json(rollouts), 201)
+    return json_response(dump_models(_ROLLOUTS, rollouts), 201)
 
 
 @router.get(
@@ -71,7 +72,7 @@ async def list_rollouts(
 ) -> Response:
     """Rollouts whose state is one of `state_in`, oldest first, at most `limit`."""
     rollouts = await ledger_of(request).list_rollouts(state_in, min(limit, _MAX_LIMIT))
-    return json_response(_ROLLOUTS.dump_json(rollouts))
+    return json_response(dump_models(_ROLLOUTS, rollouts))
 
 
 @router.get(
@@ -108,7 +109,7 @@ async def get_rollout(request: Request, rollout_id: RolloutIdPath) -> Response:
     attempts = await ledger.attempts_with_events(rollout_id)
     details = await ledger.list_attempts(rollout_id)
     detail = RolloutDetail(rollout=rollout, attempts=attempts, attempt_details=details)
-    return json_response(_DETAIL.dump_json(detail))
+    return json_response(dump_models(_DETAIL, detail))
 
 
 @router.patch(
@@ -123,7 +124,7 @@ async def patch_rollout(request: Request, rollout_id: RolloutIdPath) -> Response
     body = await read_body(request, _PATCH_BODY)
     status = body.status if body.status is not None else _EMPTY_PATCH
     rollout = await ledger_of(request).patch_rollout(rollout_id, status, time.time())
-    return json_response(_ROLLOUT.dump_json(rollout))
+    return json_response(dump_models(_ROLLOUT, rollout))
 
 
 @router.delete(

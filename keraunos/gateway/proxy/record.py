@@ -35,11 +35,18 @@ def model_request_data(
 
     `payload` is the JSON text of `request` as sent, when orjson reads it back to `request` (pass
     None when unsure, e.g. when the agent's body held NaN, which goes upstream as null).
+
+    A body that is not a JSON object is recorded as `status: "error"` whatever the HTTP status (a
+    200 carrying an event stream or an HTML page holds no training data): `response.error` keeps
+    the body's text and says why (`reason`).
     """
+    status = status_of(answer.status)
     try:
         response = loads(answer.body)
     except (ValueError, RecursionError):
-        response, payload = _not_json(answer.body), None
+        response = None
+    if not isinstance(response, dict):
+        response, payload, status = _not_json(answer.body), None, "error"
     data = call_data(
         served_model=served_model,
         request=request,
@@ -47,7 +54,7 @@ def model_request_data(
         endpoint=answer.endpoint,
         http_status=answer.status,
         response=response,
-        status=status_of(answer.status),
+        status=status,
         attempts=answer.attempts,
         latency_ms=answer.latency_ms,
     )
@@ -107,8 +114,12 @@ def loads(raw: bytes) -> Any:
     return read_json(raw)[0]
 
 
+#: `response.error.reason` of a call whose answer was not a JSON object.
+NOT_JSON_REASON = "the model server's answer is not a JSON object"
+
+
 def _not_json(body: bytes) -> dict[str, Any]:
-    return {"error": {"message": body.decode("utf-8", errors="replace")}}
+    return {"error": {"message": body.decode("utf-8", errors="replace"), "reason": NOT_JSON_REASON}}
 
 
 def usage_of(response: Any) -> Any:

@@ -25,7 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from keraunos.gateway.api._common import LeanRoute, _raw_body, dump_json, id_checked
+from keraunos.gateway._errors import openai_error
+from keraunos.gateway.api._common import TOO_DEEP_MESSAGE, LeanRoute, _raw_body, dump_bounded, id_checked
 from keraunos.gateway.proxy.disconnect import DisconnectWatch
 from keraunos.gateway.proxy.record import (
     CLIENT_DISCONNECTED,
@@ -91,7 +92,7 @@ async def model_call(request: Request, rollout_id: str, attempt_id: str, mode: s
     state = proxy_state(request)
     temperature = state.temperatures.get(mode)
     if temperature is None or path not in CALL_PATHS:
-        return _not_found()
+        return _not_found(mode, path)
     pause = state.pause
     if pause.paused:
         return _paused(state)
@@ -203,6 +204,14 @@ async def _forward(
         return gateway_error(400, f"Request body is not valid JSON: {exc}")
     if not isinstance(body, dict):
         return gateway_error(400, "Request body must be a JSON object")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        # An engine may stream for any truthy value: refused, so that what is recorded is what was sent.
+        return gateway_error(
+            400,
+            f"'stream' must be true or false, not {orjson.dumps(stream).decode()[:40]}",
+            code="invalid_stream",
+        )
     await _check_rollout(state, rollout_id)
     config = state.config
     endpoints = await state.endpoints.endpoints(config.served_model)
@@ -215,15 +224,17 @@ async def _forward(
     shaped, sampling = shape_request(
         body, served_model=config.served_model, mode=mode, temperature=temperature, path=path
     )
-    streamed = body.get("stream") is True
+    streamed = stream is True
     strip_usage = False
     if streamed:
         shaped, agent_asked = ask_for_usage(shaped)
         strip_usage = not agent_asked
     try:
-        payload = dump_json(shaped)
+        payload = dump_bounded(shaped)  # the depth check rides on the serialisation
     except (TypeError, ValueError) as exc:  # e.g. a lone surrogate in a string
         return gateway_error(400, f"Request body cannot be forwarded as JSON: {exc}")
+    if payload is None:
+        return gateway_error(400, f"Request body: {TOO_DEEP_MESSAGE}", code="json_too_deep")
     call = _Call(state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started)
     progress = Progress()
     watch = DisconnectWatch(request.receive, state.watches)
@@ -275,6 +286,14 @@ async def _forward(
         answer=outcome,
     )
     data = recorded.data
+    if data["status"] == "error" and 200 <= outcome.status < 300:
+        log.warning(
+            "model endpoint answered 2xx with a body that is not a JSON object; recorded as an error",
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            endpoint=outcome.endpoint.endpoint,
+            http_status=outcome.status,
+        )
     error = await call.commit(data, recorded.wire)
     upstream_s = outcome.latency_ms / 1000.0
     call.count(data, upstream_s, time.perf_counter() - started - upstream_s, outcome.attempts)
@@ -477,7 +496,7 @@ async def list_served_models(request: Request, rollout_id: str, attempt_id: str,
     """The served model, as an OpenAI server lists its models."""
     state = proxy_state(request)
     if mode not in state.temperatures:
-        return _not_found()
+        return _not_found(mode, "models")
     await _check_rollout(state, rollout_id)
     body = {
         "object": "list",
@@ -508,7 +527,11 @@ async def pause(request: Request) -> Response:
     """Refuse new model calls with 429 until resumed; calls already admitted finish."""
     raw = await _raw_body(request)
     try:
-        body = PauseRequest.model_validate_json(raw) if raw.strip() else PauseRequest()
+        data = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError as exc:  # not UTF-8 either
+        return gateway_error(400, f"Request body is not valid JSON: {exc}")
+    try:
+        body = PauseRequest.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         for error in errors:
@@ -541,21 +564,19 @@ async def pause_state(request: Request) -> Response:
 
 def _not_acknowledged(exc: NotAcknowledged) -> Response:
     """503: the pause (or resume) stands, but these live replicas have not applied it yet."""
-    body = {
-        "detail": str(exc),
-        "error": {"message": str(exc), "source": "gateway", "attempts": 0},
-        "unacknowledged": list(exc.waiting),
-    }
-    return Response(orjson.dumps(body), status_code=503, media_type=_JSON)
+    body = openai_error(503, str(exc), code="not_acknowledged", unacknowledged=list(exc.waiting))
+    return Response(body, status_code=503, media_type=_JSON)
 
 
 # -- responses -------------------------------------------------------------------------------------
 
 
-def gateway_error(status_code: int, message: str, *, source: str = "gateway", attempts: int = 0) -> Response:
-    """An error the gateway makes: FastAPI's `detail` plus `error` saying who failed."""
-    body = {"detail": message, "error": {"message": message, "source": source, "attempts": attempts}}
-    return Response(orjson.dumps(body), status_code=status_code, media_type=_JSON)
+def gateway_error(
+    status_code: int, message: str, *, source: str = "gateway", attempts: int = 0, code: str | None = None
+) -> Response:
+    """An error the gateway makes: FastAPI's `detail` plus OpenAI's `error` saying who failed."""
+    body = openai_error(status_code, message, code=code, source=source, attempts=attempts)
+    return Response(body, status_code=status_code, media_type=_JSON)
 
 
 def _failure(failure: Failure) -> Response:
@@ -574,11 +595,13 @@ def _passthrough(answer: Answer) -> Response:
     return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
 
 
-_NOT_FOUND = b'{"detail":"Not Found"}'
-
-
-def _not_found() -> Response:
-    return Response(_NOT_FOUND, status_code=404, media_type=_JSON)
+def _not_found(mode: str, path: str) -> Response:
+    """404 for a mode or an OpenAI path the proxy does not serve, saying which are served."""
+    if mode not in ("train", "val"):
+        message = f"Unknown proxy mode {mode[:64]!r}: use mode/train or mode/val"
+    else:
+        message = f"Unknown proxy path openai/v1/{path[:64]}: the proxy serves chat/completions, completions and models"
+    return gateway_error(404, message, code="unknown_path")
 
 
 def _fenced() -> Response:

@@ -238,6 +238,9 @@ class _Choice:
         message.update((k, "".join(v)) for k, v in self.pieces.items())
         if self.tool_calls:
             message["tool_calls"] = [call for _, call in sorted(self.tool_calls.items(), key=_index_order)]
+            if message["content"] == "":
+                # vLLM's first chunk carries `content: ""`; the same answer unstreamed says null.
+                message["content"] = None
         choice: dict[str, Any] = {"index": index, "message": message, "logprobs": self.logprobs}
         return self._finish(choice)
 
@@ -274,7 +277,8 @@ class StreamAssembler:
     """Fold the chunks of a streamed `chat/completions` or `completions` call into one response.
 
     The result has the shape of the unstreamed answer: `chat.completion` with `message` per choice
-    (content and other text fields concatenated, tool calls merged by index) or `text_completion`
+    (content and other text fields concatenated, tool calls merged by index, an empty content beside
+    tool calls null as unstreamed) or `text_completion`
     with `text`; per choice the concatenated `token_ids` and log probs (every list in `logprobs`
     concatenated: `content`, `token_logprobs`, `tokens`, `top_logprobs`, `text_offset`) and the
     last finish reason; `prompt_token_ids` (top level in chat, per choice in completions) and the

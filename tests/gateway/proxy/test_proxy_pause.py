@@ -88,7 +88,12 @@ def test_pause_body_is_optional_and_validated(proxy_gateway: Any) -> None:
                 == 1.5
             )
             assert api.post("/proxy/pause", json={"retry_after_seconds": -1}).status_code == 422
-            assert api.post("/proxy/pause", content=b"{oops").status_code == 422
+            # A body that is not JSON (or not UTF-8) is a 400, as on the model-call routes.
+            for body in (b"{oops", b"\xff\xfe", b'{"reason": "\xed\xa0\x80"}'):
+                refused = api.post("/proxy/pause", content=body)
+                assert refused.status_code == 400, refused.text
+                assert refused.json()["error"]["type"] == "invalid_request_error"
+            assert api.get("/proxy/state").json()["paused"] is True  # still the pause of 1.5 s above
         finally:
             api.post("/proxy/resume")
 

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from keraunos.gateway.proxy.record import finish_reason_of, model_request_data, usage_of
+from keraunos.gateway.proxy.record import NOT_JSON_REASON, finish_reason_of, model_request_data, usage_of
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.upstream import Answer, backoff_delay, is_retryable
 from keraunos.ledger._wire import decode_wire, encode_wire
@@ -66,10 +66,24 @@ def recorded(body: bytes, request: dict, payload: bytes | None) -> Any:
 
 def test_a_body_that_is_not_json_is_recorded_as_an_error_object() -> None:
     record = recorded(b"<html>bad gateway</html>", {}, b"{}")
-    assert record.data["response"] == {"error": {"message": "<html>bad gateway</html>"}}
+    assert record.data["response"] == {
+        "error": {"message": "<html>bad gateway</html>", "reason": NOT_JSON_REASON}
+    }
     assert record.wire is None  # the texts do not read back to the record: it is encoded at once
     nan = recorded(b'{"x": NaN}', {}, b"{}").data["response"]["x"]
     assert nan != nan  # NaN kept
+
+
+@pytest.mark.parametrize(
+    "body", [b'data: {"choices": []}\n\ndata: [DONE]\n\n', b"[1, 2]", b'"ok"', b"", b"<html></html>"]
+)
+def test_a_200_whose_body_is_not_a_json_object_is_recorded_as_an_error_never_ok(body: bytes) -> None:
+    """An event stream answering an unstreamed call, a JSON array or string: no training data."""
+    record = recorded(body, {}, b"{}")
+    assert record.data["http_status"] == 200
+    assert record.data["status"] == "error"
+    assert record.data["response"]["error"]["reason"] == NOT_JSON_REASON
+    assert record.data["response"]["error"]["message"] == body.decode()
 
 
 def test_the_wire_texts_read_back_to_the_record() -> None:

@@ -201,6 +201,47 @@ def test_tool_call_fragments_merge_by_index() -> None:
     }
 
 
+#: One tool-call answer as vLLM sends it unstreamed (the message fields its stream carries).
+VLLM_TOOL_MESSAGE = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    ],
+}
+
+
+@pytest.mark.parametrize("before", ["", "I will add. "])
+def test_a_streamed_tool_call_as_vllm_sends_it_records_what_the_unstreamed_call_records(before: str) -> None:
+    """vLLM's first chunk carries `content: ""`; unstreamed the same answer says `content: null`.
+    Text before the tool call stays text."""
+    assembler = StreamAssembler(chat=True)
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if before:
+        deltas.append({"content": before})
+    deltas += [
+        {
+            "tool_calls": [
+                {"id": "chatcmpl-tool-1", "type": "function", "index": 0, "function": {"name": "add"}}
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]},
+    ]
+    for delta in deltas:
+        assembler.add(chat_chunk(0, delta))
+    assembler.add(chat_chunk(0, {}, finish_reason="tool_calls"))
+    [choice] = assembler.response()["choices"]
+    assert choice["message"] == {**VLLM_TOOL_MESSAGE, "content": before or None}
+
+
+def test_a_streamed_answer_without_tool_calls_keeps_an_empty_content() -> None:
+    assembler = StreamAssembler(chat=True)
+    assembler.add(chat_chunk(0, {"role": "assistant", "content": ""}))
+    assembler.add(chat_chunk(0, {}, finish_reason="length"))
+    assert assembler.response()["choices"][0]["message"] == {"role": "assistant", "content": ""}
+
+
 def test_completion_chunks_concatenate_text_ids_and_every_logprob_list() -> None:
     assembler = StreamAssembler(chat=False)
 
