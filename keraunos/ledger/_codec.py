@@ -42,10 +42,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from keraunos.errors import KeraunosError
 from keraunos.ledger._triplet import first_choice, is_empty, trim_parts
 
 
-class CodecError(ValueError):
+class CodecError(KeraunosError, ValueError):
     """A blob that cannot be decoded: corrupt, or written against another previous call than `prev`.
 
     For a `model_request` that extends the previous call of its attempt, `prev` must be the context

@@ -9,7 +9,7 @@ config answer at once.
 from __future__ import annotations
 
 import shlex
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -18,6 +18,10 @@ from keraunos._settings import LayeredSettings
 from keraunos.training._outcome import FailedPolicy
 from keraunos.training.advantages import Estimator
 from keraunos.training.trajectories import Level
+
+if TYPE_CHECKING:
+    from keraunos.protocol import RolloutConfig
+    from keraunos.training.collect import CollectorConfig
 
 ENV_PREFIX = "KERAUNOS_TRAIN_"
 EMBEDDED = "embedded"
@@ -244,3 +248,38 @@ class TrainConfig(LayeredSettings):
     def agent_argv(self) -> list[str]:
         """`agent_command` split into arguments (empty when unset)."""
         return shlex.split(self.agent_command)
+
+    def rollout_config(self) -> RolloutConfig:
+        """The `config` of every rollout: the agent to run, its input variable, its timeout."""
+        from keraunos.protocol import LocalConfig, RolloutConfig
+
+        local = LocalConfig(
+            agent_class=self.agent_class or None,
+            command=self.agent_argv or None,
+            env_map={self.input_env: "input"} if self.input_env else {},
+        )
+        return RolloutConfig(timeout_seconds=self.agent_timeout_s, local=local)
+
+    def collector_config(self, gateway: str, key: str, *, run_id: str = "") -> CollectorConfig:
+        """The collector's settings, taken from the run's (`run_id` wins over the config's)."""
+        from keraunos.training.collect import CollectorConfig
+
+        run_id = run_id or self.run_id
+        extra: dict[str, Any] = {"run_id": run_id} if run_id else {}
+        return CollectorConfig(
+            server_url=gateway,
+            key=key,
+            n=self.group_size,
+            batch_size=self.batch_size,
+            mode=self.mode,
+            async_batch_size=self.async_batch_size,
+            max_staleness=self.max_staleness,
+            failed_rollouts=self.failed_rollouts,
+            fill_reward=self.fill_reward,
+            rollout_config=self.rollout_config(),
+            poll_interval_s=self.poll_interval_s,
+            group_timeout_s=self.group_timeout_s,
+            pause_retry_after_s=self.pause_retry_after_s,
+            drain_poll_interval_s=min(0.2, self.poll_interval_s),
+            **extra,
+        )

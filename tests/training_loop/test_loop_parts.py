@@ -1,5 +1,6 @@
-"""The pure parts of the training loop: dataset reading, row order, metric records, the summary,
-the rollout config every rollout gets, and the settings of `keraunos train`."""
+"""The pure parts of a training run: dataset reading and row order (dataset.py), metric records and
+the summary (records.py), the rollout config every rollout gets and the settings of `keraunos
+train` (train_config.py)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,9 @@ from pathlib import Path
 import pytest
 
 from keraunos._settings import ConfigError
-from keraunos.training.loop import (
-    TrainError,
-    collector_config,
-    console_line,
-    endless_rows,
-    read_dataset,
-    rollout_config,
-    step_metrics,
-    summarize,
-)
+from keraunos.training.dataset import endless_rows, read_dataset
+from keraunos.training.errors import TrainError
+from keraunos.training.records import console_line, step_metrics, summarize
 from keraunos.training.train_config import TrainConfig
 
 BASE = {"dataset": "rows.jsonl", "model": "m", "agent_class": "pkg.mod:Agent"}
@@ -109,17 +103,17 @@ def test_the_summary_compares_the_first_and_last_steps_and_counts_calls() -> Non
 
 def test_every_rollout_names_the_agent_and_hands_it_the_input() -> None:
     config = TrainConfig.load({**BASE, "agent_timeout_s": 30})
-    built = rollout_config(config).model_dump(exclude_none=True)
+    built = config.rollout_config().model_dump(exclude_none=True)
     assert built["timeout_seconds"] == 30
     assert built["local"] == {"agent_class": "pkg.mod:Agent", "env_map": {"AGENT_INPUT": "input"}}
     command = TrainConfig.load({**BASE, "agent_class": "", "agent_command": "python agent.py --fast"})
-    assert rollout_config(command).model_dump(exclude_none=True)["local"]["command"] == [
+    assert command.rollout_config().model_dump(exclude_none=True)["local"]["command"] == [
         "python",
         "agent.py",
         "--fast",
     ]
-    collector = collector_config(
-        TrainConfig.load({**BASE, "group_size": 3, "batch_size": 5, "run_id": "r1"}), "http://gw", "k"
+    collector = TrainConfig.load({**BASE, "group_size": 3, "batch_size": 5, "run_id": "r1"}).collector_config(
+        "http://gw", "k"
     )
     assert (collector.n, collector.batch_size, collector.run_id) == (3, 5, "r1")
     assert collector.rollout_config is not None and collector.rollout_config.local is not None
@@ -148,3 +142,18 @@ def test_an_external_gateway_may_be_served_by_external_controllers() -> None:
         {**BASE, "agent_class": "", "gateway": "http://127.0.0.1:9/", "controller": "external"}
     )
     assert config.gateway == "http://127.0.0.1:9" and not config.embedded_gateway
+
+
+def test_the_loop_reaches_its_backend_only_through_the_trainer_protocol() -> None:
+    """loop.py imports no backend, no model server and no torch: it gets a `Trainer` from
+    `keraunos.training.backends.open_backend`, the one place that knows the backends by name."""
+    import ast
+
+    import keraunos.training.loop as loop
+
+    tree = ast.parse(Path(loop.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    forbidden = ("keraunos.training.backends.", "keraunos.serving.server", "torch", "transformers")
+    assert sorted(m for m in imported if m.startswith(forbidden) or m == "torch") == []
+    assert "keraunos.training.trainer" in imported

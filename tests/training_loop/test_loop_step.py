@@ -1,6 +1,7 @@
-"""One `TrainingLoop.step`, with the collector, trainer, server and registry replaced by recorders:
-the order of the update (pause, train, swap, re-register, resume), what happens when the update
-fails or is skipped, and when every rollout failed. (The full stack runs in test_train_e2e.py.)"""
+"""One `TrainingLoop.step`, with the collector, the backend (a `Trainer`) and the registry replaced
+by recorders: the order of the update (pause, update, publish, re-register, resume), what happens
+when the update fails or is skipped, and when every rollout failed. (The full stack runs in
+test_train_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 
 from keraunos.training._data import CompletedRollout, Triplet
 from keraunos.training.collect import CollectedBatch, DrainReport, RolloutGroup
-from keraunos.training.loop import MetricsSink, TrainError, TrainingLoop, WeightTarget
+from keraunos.training.loop import TrainError, TrainingLoop
+from keraunos.training.records import MetricsSink
 from keraunos.training.train_config import TrainConfig
+from keraunos.training.trainer import Trainer
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +37,8 @@ def rollout(rid: str, group: str, reward: float) -> CompletedRollout:
 
 
 class Recorder:
-    """Stands in for the collector, the trainer, the server and the registry; logs what is called."""
+    """Stands in for the collector, the backend (the `Trainer` protocol) and the registry; logs
+    what is called."""
 
     def __init__(self, *, rollouts: list[CompletedRollout], metrics: dict[str, float], train: Any) -> None:
         self.calls: list[str] = []
@@ -42,7 +46,9 @@ class Recorder:
         self.metrics = metrics
         self.train = train
         self.version = 0
+        self.steps_done = 0
         self.tokenizer = None
+        self.endpoints = ["http://127.0.0.1:1/v1"]
 
     # collector
     async def collect(
@@ -60,20 +66,23 @@ class Recorder:
         self.calls.append("resume")
 
     # trainer
-    def step(self, batch: Any) -> dict[str, float]:
-        self.calls.append(f"train {len(batch)} rows")
+    def update(self, rows: Any, advantages: np.ndarray) -> dict[str, float]:
+        assert len(advantages) == len(self.rollouts)
+        self.calls.append(f"train {len(rows)} rows")
         if isinstance(self.train, Exception):
             raise self.train
         return dict(self.train)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"w": 1}
-
-    # server
-    def load_weights(self, weights: Any) -> int:
+    def publish(self) -> int:
         self.calls.append("swap")
         self.version += 1
         return self.version
+
+    def checkpoint(self, directory: Path) -> Path:
+        return directory
+
+    def close(self) -> None:
+        pass
 
     # registry
     async def register(self, endpoints: list[str], version: int) -> None:
@@ -86,7 +95,6 @@ def make_loop(recorder: Recorder, tmp_path: Path) -> TrainingLoop:
         CONFIG,
         collector=recorder,  # type: ignore[arg-type]
         trainer=recorder,
-        target=WeightTarget(recorder, ["http://127.0.0.1:1/v1"]),
         registry=recorder,  # type: ignore[arg-type]
         sink=sink,
         agent_logs="LOGS",
@@ -94,6 +102,12 @@ def make_loop(recorder: Recorder, tmp_path: Path) -> TrainingLoop:
 
 
 GROUP = [rollout("r0", "g", 1.0), rollout("r1", "g", 0.0)]
+
+
+def test_the_recorder_is_a_trainer_as_the_loop_sees_it() -> None:
+    assert isinstance(Recorder(rollouts=[], metrics={}, train={}), Trainer)
+
+
 CREATED = {"rollouts_created": 2.0, "groups": 1.0, "rollouts": 2.0}
 
 

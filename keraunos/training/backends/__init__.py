@@ -1,5 +1,29 @@
-"""Training backends: what turns training rows into a policy update.
+"""Training backends behind the `Trainer` protocol (keraunos.training.trainer), and `open_backend`,
+which picks one by name.
 
-`torch` is the built-in one (one process, one device, Hugging Face `transformers` models). Import
-the backend's package directly; this package imports nothing on its own.
+`torch` is the built-in one (one process, one device, Hugging Face `transformers` models, the
+in-process model server). Each backend is imported only when it is opened, so this package stays
+light and the loop never imports a backend.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keraunos.training.train_config import TrainConfig
+    from keraunos.training.trainer import Trainer
+
+#: The backends `open_backend` knows.
+BACKENDS: tuple[str, ...] = ("torch",)
+
+
+def open_backend(config: TrainConfig, *, checkpoints: Path | None = None) -> Trainer:
+    """The run's backend, ready to serve and train; restored from the newest entry of
+    `checkpoints` when given (`FileNotFoundError` when it holds none).
+
+    Errors loading the model or the checkpoint are `KeraunosError`s with a one-line message."""
+    from keraunos.training.backends.torch.backend import TorchBackend
+
+    return TorchBackend.open(config, checkpoints=checkpoints)
