@@ -17,14 +17,12 @@ from __future__ import annotations
 import hmac
 import os
 import socket
-import threading
-import time
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import Receive, Scope, Send
 
+from keraunos._uvicorn import ServerDidNotStart, ThreadedServer, server_config
 from keraunos.errors import KeraunosError
 
 __all__ = [
@@ -103,10 +101,9 @@ async def _answer(send: Send, status: int, body: bytes, content_type: bytes) -> 
 class MetricsServer:
     """`MetricsApp` served by uvicorn in a daemon thread; `start()` returns once it accepts connections."""
 
-    def __init__(self, uvicorn_server: Any, thread: threading.Thread, url: str) -> None:
-        self._uvicorn = uvicorn_server
-        self._thread = thread
-        self.url = url
+    def __init__(self, threaded: ThreadedServer) -> None:
+        self._threaded = threaded
+        self.url = threaded.url
 
     @classmethod
     def start(
@@ -121,8 +118,6 @@ class MetricsServer:
     ) -> MetricsServer:
         """Serve `registry` at `http://host:port/metrics` (port 0: any free port); raises
         `MetricsServerError` when the port cannot be served."""
-        import uvicorn
-
         # Bound here, not by uvicorn, so a taken port is an error in the caller's thread.
         try:
             sock = socket.create_server(
@@ -136,23 +131,18 @@ class MetricsServer:
                 f"cannot serve metrics on {host}:{port}: {reason}; pick another metrics port"
             ) from None
         app = MetricsApp(registry, key=key, public=public)
-        config = uvicorn.Config(app, lifespan="on", access_log=False, log_config=None)
-        userver = uvicorn.Server(config)
-        thread = threading.Thread(
-            target=userver.run, kwargs={"sockets": [sock]}, name="keraunos-metrics", daemon=True
-        )
-        thread.start()
-        deadline = time.monotonic() + ready_timeout
-        while not userver.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                userver.should_exit = True
-                sock.close()
-                raise MetricsServerError(f"the metrics server on {host}:{port} did not start")
-            time.sleep(0.01)
-        shown = f"[{host}]" if ":" in host else host
-        return cls(userver, thread, f"http://{shown}:{sock.getsockname()[1]}")
+        try:
+            threaded = ThreadedServer.start(
+                server_config(app, host=host, port=port),
+                name="keraunos-metrics",
+                sock=sock,
+                ready_timeout=ready_timeout,
+            )
+        except ServerDidNotStart:
+            sock.close()
+            raise MetricsServerError(f"the metrics server on {host}:{port} did not start") from None
+        return cls(threaded)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and wait for the thread to end."""
-        self._uvicorn.should_exit = True
-        self._thread.join(timeout)
+        self._threaded.stop(timeout)

@@ -24,6 +24,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── KubeError             controller.runners._k8s_api: the Kubernetes API refused (KubeForbidden)
     ├── StartupError          controller.main: the controller cannot start
     ├── MetricsServerError    _metrics_http: a metrics port that cannot be served (taken, unknown host)
+    ├── ServerDidNotStart     _uvicorn: a server in a background thread did not start
     ├── AgentLoadError        controller._agent_main: an agent's entry point failed to load
     ├── AgentError            agent: NotInRolloutError, EventRejectedError (the agent SDK)
     ├── TrainError            training.errors: a training run cannot go on

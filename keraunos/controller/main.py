@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
+import typer
 
 from keraunos._metrics_http import MetricsServer, MetricsServerError
 from keraunos._parent import watch_parent
@@ -341,3 +342,16 @@ async def _note_job_name(client: GatewayClient, rollout_id: str, name: str) -> N
         await client.patch_status(rollout_id, {"k8s_job_name": name})
     except (GatewayError, GatewayUnreachable) as exc:
         log.warning("cannot record the Job name on the rollout", rollout_id=rollout_id, error=str(exc))
+
+
+def controller_app() -> typer.Typer:
+    """`keraunos controller`: one option per field of `ControllerConfig`, plus `--config`."""
+    from keraunos._settings_cli import settings_command
+
+    return settings_command(
+        ControllerConfig,
+        name="controller",
+        doc="Run the controller. Precedence: flag > environment variable > --config file > default. "
+        "Stops its agents and reports their attempts on SIGTERM/SIGINT.",
+        run=run_controller,
+    )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from keraunos._metrics_http import CONTENT_TYPE_LATEST, carries_key, exposition, metrics_allowed
+from keraunos._uvicorn import ServerDidNotStart, ThreadedServer, run_until_signal, server_config
 from keraunos.protocol import SESSION_HEADER
 from keraunos.serving.config import ServeConfig
 from keraunos.serving.metrics import CountRequests, ServeMetrics
@@ -349,11 +349,10 @@ def _sse(chunk: dict[str, Any]) -> bytes:
 class RunningServer:
     """A `ModelServer` served by uvicorn in a background thread of this process."""
 
-    def __init__(self, server: ModelServer, uvicorn_server: Any, thread: threading.Thread, url: str) -> None:
+    def __init__(self, server: ModelServer, threaded: ThreadedServer) -> None:
         self.server = server
-        self._uvicorn = uvicorn_server
-        self._thread = thread
-        self.url = url
+        self._threaded = threaded
+        self.url = threaded.url
 
     @property
     def endpoint(self) -> str:
@@ -362,33 +361,20 @@ class RunningServer:
 
     @classmethod
     def start(cls, server: ModelServer, host: str, port: int, ready_timeout: float) -> RunningServer:
-        import uvicorn
-
-        config = uvicorn.Config(
-            server.app, host=host, port=port, lifespan="on", access_log=False, log_config=None, ws="none"
-        )
-        userver = uvicorn.Server(config)
-        thread = threading.Thread(target=userver.run, name="keraunos-model-server", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + ready_timeout
-        while not userver.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                userver.should_exit = True
-                raise RuntimeError(f"the model server did not start on {host}:{port}")
-            time.sleep(0.01)
-        bound = userver.servers[0].sockets[0].getsockname()[1]
-        return cls(server, userver, thread, f"http://{host}:{bound}")
+        config = server_config(server.app, host=host, port=port)
+        try:
+            threaded = ThreadedServer.start(config, name="keraunos-model-server", ready_timeout=ready_timeout)
+        except ServerDidNotStart:
+            raise RuntimeError(f"the model server did not start on {host}:{port}") from None
+        return cls(server, threaded)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and wait for the thread to end."""
-        self._uvicorn.should_exit = True
-        self._thread.join(timeout)
+        self._threaded.stop(timeout)
 
 
 def serve(config: ServeConfig) -> int:
     """`keraunos serve`: load the model and serve it until SIGTERM/SIGINT; the exit code."""
-    import signal
-
     import typer
     import uvicorn
 
@@ -408,16 +394,7 @@ def serve(config: ServeConfig) -> int:
         typer.echo(f"error: {exc}", err=True)
         return 1
     userver = uvicorn.Server(
-        uvicorn.Config(
-            server.app,
-            host=config.host,
-            port=config.port,
-            lifespan="on",
-            access_log=False,
-            log_config=None,
-            ws="none",
-            timeout_keep_alive=120,
-        )
+        server_config(server.app, host=config.host, port=config.port, timeout_keep_alive=120)
     )
     if not config.api_key:
         log.warning(
@@ -433,9 +410,4 @@ def serve(config: ServeConfig) -> int:
         host=config.host,
         port=config.port,
     )
-    # uvicorn re-raises the signal that stopped it once it has restored the previous handlers; with
-    # its own handler as the previous one, that re-raise is harmless and the exit status stays 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, userver.handle_exit)
-    userver.run()
-    return 0 if userver.started else 1
+    return 0 if run_until_signal(userver) else 1

@@ -565,6 +565,7 @@ def serve_engine(config: EngineConfig) -> int:
     import uvicorn
 
     from keraunos._logging import configure_logging
+    from keraunos._uvicorn import server_config
 
     try:
         import uvloop
@@ -576,16 +577,13 @@ def serve_engine(config: EngineConfig) -> int:
     configure_logging(config.log_level)
     _keep_freed_memory()
     server = uvicorn.Server(
-        uvicorn.Config(
+        server_config(
             create_engine_app(config),
             host=config.host,
             port=config.port,
             http="httptools",
-            ws="none",
             loop="none",
             lifespan="off",
-            access_log=False,
-            log_config=None,
             log_level=config.log_level,
             timeout_keep_alive=120,
             backlog=4096,

@@ -26,7 +26,6 @@ import contextlib
 import itertools
 import json
 import secrets
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -49,7 +48,7 @@ from keraunos.training.train_config import TrainConfig
 from keraunos.training.trainer import Trainer
 from keraunos.training.trajectories import Rows, TrajectoryConfig, build_rows
 
-__all__ = ["TrainError", "TrainingLoop", "run_training", "train"]
+__all__ = ["TrainError", "TrainingLoop", "train"]
 
 log = structlog.get_logger("keraunos.training.loop")
 
@@ -332,37 +331,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def run_training(config: TrainConfig) -> int:
-    """`keraunos train`: run every step, write the summary; the exit status (errors on one line)."""
-    import typer
-
-    from keraunos._logging import configure_logging
-    from keraunos.training.collect import CollectorError
-
-    configure_logging(config.log_level)
-    # SIGTERM unwinds like Ctrl-C, so the gateway, the controller and the server are stopped too.
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        summary = train(config)
-    except (TrainError, CollectorError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return 1
-    except KeyboardInterrupt:
-        typer.echo("interrupted; the run's processes were stopped", err=True)
-        return 130
-    typer.echo(
-        f"done: {summary['steps']} steps in {summary['seconds']:.0f}s, reward "
-        f"{_fmt(summary['reward_first'])} -> {_fmt(summary['reward_last'])}; "
-        f"metrics in {summary['metrics']}, summary in {Path(config.run_dir) / 'summary.json'}"
-    )
-    return 0
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
