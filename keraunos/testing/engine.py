@@ -41,7 +41,7 @@ from keraunos.testing._engine_config import EngineConfig, EngineConfigError
 from keraunos.testing._engine_faults import FaultPlan, FaultSpecError, fault_from_json, parse_schedule
 from keraunos.testing._engine_tokens import PromptError, Tokenizer
 
-__all__ = ["EngineApp", "EngineConfig", "EngineConfigError", "create_engine_app", "serve_engine"]
+__all__ = ["EngineApp", "EngineConfig", "EngineConfigError", "create_engine_app"]
 
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -558,65 +558,6 @@ class EngineApp:
 def create_engine_app(config: EngineConfig | None = None) -> EngineApp:
     """The engine stand-in as an ASGI app; each call makes an independent one (own faults and stats)."""
     return EngineApp(config or EngineConfig())
-
-
-def serve_engine(config: EngineConfig) -> int:
-    """Serve the engine stand-in with uvicorn (httptools, uvloop when installed) until SIGTERM/SIGINT."""
-    import uvicorn
-
-    from keraunos._logging import configure_logging
-    from keraunos._uvicorn import server_config
-
-    try:
-        import uvloop
-    except ImportError:  # no Windows build; the standard loop works, only slower
-        loop_factory = None
-    else:
-        loop_factory = uvloop.new_event_loop
-
-    configure_logging(config.log_level)
-    _keep_freed_memory()
-    server = uvicorn.Server(
-        server_config(
-            create_engine_app(config),
-            host=config.host,
-            port=config.port,
-            http="httptools",
-            loop="none",
-            lifespan="off",
-            log_level=config.log_level,
-            timeout_keep_alive=120,
-            backlog=4096,
-        )
-    )
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(server.serve())
-    return 0 if server.started else 1
-
-
-def _keep_freed_memory() -> None:
-    """Let glibc keep freed heap instead of trimming it back to the OS after every large request.
-
-    Each request allocates and frees bodies of tens of kilobytes; glibc's default trimming turns
-    that into brk/mmap system calls, which cost a third of the request under sandboxed kernels.
-    A no-op where the C library has no `mallopt` (macOS, musl).
-    """
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    mallopt(m_trim_threshold, 256 << 20)
-    mallopt(m_top_pad, 64 << 20)
-    mallopt(m_mmap_threshold, 32 << 20)
-
-
-# -- ASGI plumbing ---------------------------------------------------------------------------------
 
 
 async def _read_body(receive: Any) -> bytes:
