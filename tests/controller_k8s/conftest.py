@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 from k8s_support import AGENTS_DIR, GATEWAY_ARGS, KUBE_ARGS, TEMPLATE, K8sEnv, end_leftovers
+from kube_standin import start_kube
 
-from keraunos.testing.kube import start_kube
 from keraunos.testing.processes import start_engine, start_gateway
 
 

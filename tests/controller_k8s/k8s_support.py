@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keraunos.testing.kube import KubeStandIn
+from kube_standin import KubeStandIn
+
 from keraunos.testing.processes import (
     SERVED_MODEL,
     Gateway,

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from kube_standin._containers import container_environment
 
 from keraunos.controller.runners._k8s_render import (
     JobSettings,
@@ -17,7 +18,6 @@ from keraunos.controller.runners._k8s_render import (
     render_job,
     yaml_escape,
 )
-from keraunos.testing.kube._containers import container_environment
 
 SETTINGS = JobSettings(namespace="agents", instance="trainer-a", ttl_s=600)
 ENV = {"AGL_OPENAI_BASE_URL": "http://gw/proxy/x", "AGL_EVENT_URL": "http://gw/api/e", "AGL_KEY": "tok"}

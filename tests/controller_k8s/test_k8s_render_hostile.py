@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kube_standin._containers import container_argv, container_environment, expand
 
 from keraunos.controller.runners._k8s_render import (
     DEFAULT_MAX_JOB_BYTES,
@@ -17,7 +18,6 @@ from keraunos.controller.runners._k8s_render import (
     escape_expansion,
     render_job,
 )
-from keraunos.testing.kube._containers import container_argv, container_environment, expand
 
 SETTINGS = JobSettings(namespace="agents", instance="main", ttl_s=600)
 ENV = {"AGL_OPENAI_BASE_URL": "http://gw/proxy/x", "AGL_EVENT_URL": "http://gw/e", "AGL_KEY": "secret-token"}

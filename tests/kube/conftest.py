@@ -7,9 +7,8 @@ from pathlib import Path
 
 import kr8s.asyncio
 import pytest
+from kube_standin import KubeStandIn, start_kube
 from kube_support import FAST
-
-from keraunos.testing.kube import KubeStandIn, start_kube
 
 StartKube = Callable[..., KubeStandIn]
 

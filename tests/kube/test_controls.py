@@ -7,9 +7,8 @@ import kr8s
 import kr8s.asyncio
 import pytest
 from kr8s.asyncio.objects import Job
+from kube_standin import KubeStandIn
 from kube_support import job_manifest, shell, unique_name
-
-from keraunos.testing.kube import KubeStandIn
 
 pytestmark = pytest.mark.anyio
 

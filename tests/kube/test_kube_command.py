@@ -1,12 +1,11 @@
-"""`python -m keraunos.testing.kube`: documented options, one-line errors for bad values.
+"""`python -m kube_standin`: documented options, one-line errors for bad values.
 
 (The fixtures start it as a subprocess; these check its option handling in-process, which is cheaper.)"""
 
 from __future__ import annotations
 
+from kube_standin.__main__ import kube_stand_in_app
 from typer.testing import CliRunner
-
-from keraunos.testing.kube.__main__ import kube_stand_in_app
 
 
 def test_help_documents_every_option_with_its_environment_variable() -> None:

@@ -12,9 +12,8 @@ import anyio
 import kr8s.asyncio
 import pytest
 from kr8s.asyncio.objects import Job, Pod
+from kube_standin import KubeStandIn
 from kube_support import eventually, job_manifest, live_group_members, python, shell, unique_name
-
-from keraunos.testing.kube import KubeStandIn
 
 pytestmark = pytest.mark.anyio
 

@@ -8,10 +8,9 @@ import re
 from typing import Any
 
 import pytest
+from kube_standin import KubeStandIn
 from kube_support import job_manifest, shell, unique_name
 from kubernetes.client import ApiClient
-
-from keraunos.testing.kube import KubeStandIn
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\+00:00|Z)")

@@ -9,21 +9,20 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from keraunos.testing.kube._api import KubeApi, rfc3339, visible_event
-from keraunos.testing.kube._containers import (
+from kube_standin._api import KubeApi, rfc3339, visible_event
+from kube_standin._containers import (
     ContainerConfigError,
     container_argv,
     container_environment,
     expand,
 )
-from keraunos.testing.kube._jobs import JobMemory, plan_job, pod_for_job
-from keraunos.testing.kube._objects import JOB, POD
-from keraunos.testing.kube._patch import json_patch, merge_patch, strategic_merge_patch
-from keraunos.testing.kube._selectors import labels_match, parse_field_selector, parse_label_selector
-from keraunos.testing.kube._server import resolve
-from keraunos.testing.kube._status import ApiError
-from keraunos.testing.kube._store import Store
+from kube_standin._jobs import JobMemory, plan_job, pod_for_job
+from kube_standin._objects import JOB, POD
+from kube_standin._patch import json_patch, merge_patch, strategic_merge_patch
+from kube_standin._selectors import labels_match, parse_field_selector, parse_label_selector
+from kube_standin._server import resolve
+from kube_standin._status import ApiError
+from kube_standin._store import Store
 
 
 def new_api(history: int = 100) -> KubeApi:

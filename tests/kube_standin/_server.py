@@ -23,11 +23,11 @@ import orjson
 import structlog
 import yaml
 
-from keraunos.testing.kube._api import KubeApi, visible_event
-from keraunos.testing.kube._config import StandInConfig
-from keraunos.testing.kube._controls import Controls, fault_error, fault_from_json
-from keraunos.testing.kube._kubelet import Kubelet
-from keraunos.testing.kube._objects import (
+from kube_standin._api import KubeApi, visible_event
+from kube_standin._config import StandInConfig
+from kube_standin._controls import Controls, fault_error, fault_from_json
+from kube_standin._kubelet import Kubelet
+from kube_standin._objects import (
     KINDS,
     POD,
     SERVER_VERSION,
@@ -36,10 +36,10 @@ from keraunos.testing.kube._objects import (
     api_group_list,
     api_resource_list,
 )
-from keraunos.testing.kube._patch import PATCH_TYPES
-from keraunos.testing.kube._selectors import parse_field_selector, parse_label_selector
-from keraunos.testing.kube._status import ApiError, failure_status
-from keraunos.testing.kube._store import Store
+from kube_standin._patch import PATCH_TYPES
+from kube_standin._selectors import parse_field_selector, parse_label_selector
+from kube_standin._status import ApiError, failure_status
+from kube_standin._store import Store
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

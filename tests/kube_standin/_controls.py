@@ -9,8 +9,8 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from keraunos.testing.kube._objects import KINDS
-from keraunos.testing.kube._status import REASONS, ApiError, qualified
+from kube_standin._objects import KINDS
+from kube_standin._status import REASONS, ApiError, qualified
 
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*")
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import structlog
 
-from keraunos.testing.kube._api import KubeApi
-from keraunos.testing.kube._config import StandInConfig
-from keraunos.testing.kube._containers import (
+from kube_standin._api import KubeApi
+from kube_standin._config import StandInConfig
+from kube_standin._containers import (
     ContainerConfigError,
     container_argv,
     container_environment,
@@ -36,9 +36,9 @@ from keraunos.testing.kube._containers import (
     terminated_status,
     waiting_status,
 )
-from keraunos.testing.kube._jobs import JobMemory, plan_job, pod_for_job
-from keraunos.testing.kube._objects import JOB, POD
-from keraunos.testing.kube._status import ApiError
+from kube_standin._jobs import JobMemory, plan_job, pod_for_job
+from kube_standin._objects import JOB, POD
+from kube_standin._status import ApiError
 
 log = structlog.get_logger("keraunos.kube.kubelet")
 

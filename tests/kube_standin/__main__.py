@@ -1,16 +1,16 @@
-"""`python -m keraunos.testing.kube --port P --kubeconfig FILE`: run the Kubernetes API stand-in."""
+"""`python -m kube_standin --port P --kubeconfig FILE`: run the Kubernetes API stand-in."""
 
 from __future__ import annotations
 
 import typer
 
 from keraunos._settings_cli import settings_command
-from keraunos.testing.kube._config import StandInConfig
+from kube_standin._config import StandInConfig
 
 
 def kube_stand_in_app() -> typer.Typer:
     """A one-command typer app that validates its options through `StandInConfig` and serves."""
-    from keraunos.testing.kube._serve import serve
+    from kube_standin._serve import serve
 
     return settings_command(
         StandInConfig,
@@ -24,4 +24,4 @@ def kube_stand_in_app() -> typer.Typer:
 
 
 if __name__ == "__main__":
-    kube_stand_in_app()(prog_name="python -m keraunos.testing.kube")
+    kube_stand_in_app()(prog_name="python -m kube_standin")

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from keraunos.testing.kube._selectors import label_key_problem, label_value_problem
-from keraunos.testing.kube._status import ApiError, invalid
+from kube_standin._selectors import label_key_problem, label_value_problem
+from kube_standin._status import ApiError, invalid
 
 #: The Kubernetes release the stand-in answers as (inside kr8s 0.20's supported range).
 SERVER_VERSION = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from keraunos.testing.kube._objects import deep_copy
-from keraunos.testing.kube._status import ApiError
+from kube_standin._objects import deep_copy
+from kube_standin._status import ApiError
 
 #: Merge key of each list field that strategic merge patch merges element by element.
 MERGE_KEYS = {

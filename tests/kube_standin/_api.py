@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from keraunos.testing.kube._objects import (
+from kube_standin._objects import (
     JOB,
     NAMESPACE,
     POD,
@@ -28,8 +28,8 @@ from keraunos.testing.kube._objects import (
     immutable_job_change,
     validate,
 )
-from keraunos.testing.kube._patch import apply_patch
-from keraunos.testing.kube._selectors import (
+from kube_standin._patch import apply_patch
+from kube_standin._selectors import (
     FieldRequirement,
     Requirement,
     fields_match,
@@ -37,8 +37,8 @@ from keraunos.testing.kube._selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from keraunos.testing.kube._status import ApiError, invalid, not_found, qualified, success_status
-from keraunos.testing.kube._store import Event, Store, expired
+from kube_standin._status import ApiError, invalid, not_found, qualified, success_status
+from kube_standin._store import Event, Store, expired
 
 #: Metadata the server owns: a client's values for these are ignored on create and update.
 _SERVER_METADATA = (

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from keraunos.testing.kube._objects import deep_copy
+from kube_standin._objects import deep_copy
 
 #: The address every Pod of the stand-in reports: its processes run on this machine.
 POD_IP = "127.0.0.1"

@@ -1,6 +1,9 @@
 """A Kubernetes API server stand-in for tests, where no real kube-apiserver can run.
 
-`start_kube(workdir)` starts `python -m keraunos.testing.kube` on a free loopback port and returns a
+A test double, not part of keraunos: it lives under tests/ (importable as `kube_standin` because
+pytest puts tests/ on `sys.path`) and is not in the wheel.
+
+`start_kube(workdir)` starts `python -m kube_standin` on a free loopback port and returns a
 `KubeStandIn`: its `base_url`, the `kubeconfig_path` a client (kr8s, the official client, kubectl)
 loads, and `controls` to steer it (inject failures, count requests, drop watches, forget the watch
 history, delete a Job underneath a client). It serves Pods, Namespaces and batch/v1 Jobs with the
@@ -11,6 +14,7 @@ docs/kube-stand-in.md.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -26,6 +30,9 @@ from keraunos._subprocess import stop_process
 from keraunos.testing.processes import clean_env
 
 __all__ = ["KubeControls", "KubeStandIn", "start_kube"]
+
+#: The directory that holds this package (tests/): the stand-in's process needs it on PYTHONPATH.
+TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
 class KubeControls:
@@ -174,7 +181,7 @@ def start_kube(
 ) -> KubeStandIn:
     """Start the stand-in (a subprocess on a free 127.0.0.1 port) and wait until it answers.
 
-    `args` are more `python -m keraunos.testing.kube` flags (e.g. `--retry-backoff-seconds 0.1`).
+    `args` are more `python -m kube_standin` flags (e.g. `--retry-backoff-seconds 0.1`).
     Pod logs and working directories go under `workdir/kube`; the kubeconfig is `workdir/kubeconfig`.
     """
     workdir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +191,7 @@ def start_kube(
     cmd = [
         sys.executable,
         "-m",
-        "keraunos.testing.kube",
+        "kube_standin",
         "--host",
         "127.0.0.1",
         "--port",
@@ -199,8 +206,12 @@ def start_kube(
         str(workdir / "kube"),
         *args,
     ]
+    environment = clean_env(env)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(TESTS_DIR), environment.get("PYTHONPATH", "")) if p
+    )
     with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=clean_env(env), cwd=workdir)
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=workdir)
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline and process.poll() is None:
         if kubeconfig.exists():

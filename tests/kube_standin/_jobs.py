@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from keraunos.testing.kube._api import parse_rfc3339, rfc3339
-from keraunos.testing.kube._objects import deep_copy
+from kube_standin._api import parse_rfc3339, rfc3339
+from kube_standin._objects import deep_copy
 
 _TERMINAL = ("Succeeded", "Failed")
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from keraunos.testing.kube._objects import Kind, deep_copy
-from keraunos.testing.kube._status import ApiError, already_exists, not_found
+from kube_standin._objects import Kind, deep_copy
+from kube_standin._status import ApiError, already_exists, not_found
 
 Key = tuple[str, str, str]  # (plural, namespace, name); namespace "" for cluster-scoped resources
 

@@ -13,8 +13,8 @@ from typing import Any
 import structlog
 import yaml
 
-from keraunos.testing.kube._config import StandInConfig
-from keraunos.testing.kube._server import StandInApp
+from kube_standin._config import StandInConfig
+from kube_standin._server import StandInApp
 
 log = structlog.get_logger("keraunos.kube.server")
 
@@ -102,7 +102,7 @@ async def serve_async(config: StandInConfig) -> int:
 
 
 def serve(config: StandInConfig) -> int:
-    """`python -m keraunos.testing.kube`: serve the stand-in with uvicorn until SIGTERM/SIGINT."""
+    """`python -m kube_standin`: serve the stand-in with uvicorn until SIGTERM/SIGINT."""
     from keraunos._logging import configure_logging
 
     configure_logging(config.log_level)
