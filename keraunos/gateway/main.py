@@ -95,7 +95,8 @@ async def _serve(config: GatewayConfig) -> int:
                 port=config.port,
                 http="httptools",
                 loop="none",
-                timeout_keep_alive=120,
+                timeout_keep_alive=config.keep_alive_timeout_s,
+                limit_concurrency=config.max_connections or None,
                 # On SIGTERM, requests in flight (proxied model calls) get this long to finish.
                 timeout_graceful_shutdown=math.ceil(config.drain_timeout_s),
             )
