@@ -4,8 +4,8 @@
 path the caller is an OpenAI client library, which reads `error.message` and `error.type`; there
 every error the gateway makes (unknown path or mode, bad key, unknown rollout, malformed id, body
 too large or not JSON, ...) carries `{"detail", "error": {"message", "type", "code", "source",
-"attempts"}}`, so an SDK user sees the reason and not just "Error code: 404". The one exception is
-the pause 429, whose body stays v1.0's `{"error": "gateway paused", "reason"}` (docs/protocol.md#errors).
+"attempts"}}`, so an SDK user sees the reason and not just "Error code: 404". The pause 429 too,
+with v1.0's `reason` key beside it (docs/protocol.md#errors).
 Pure functions of bytes; every layer (auth, body limit, routes, exception handlers) uses them.
 """
 

@@ -617,8 +617,11 @@ def _fenced() -> Response:
 
 def _paused(state: ProxyState) -> Response:
     pause = state.pause
+    # OpenAI's error shape like every gateway error on a proxy path; v1.0's own signal, the
+    # `X-Agl-Paused` header, and its `reason` key stay (no v1.0 client reads the body's `error`).
+    message = f"gateway paused: {pause.reason}" if pause.reason else "gateway paused"
     return Response(
-        orjson.dumps({"error": "gateway paused", "reason": pause.reason}),
+        openai_error(429, message, code="gateway_paused", reason=pause.reason),
         status_code=429,
         media_type=_JSON,
         headers={"Retry-After": pause.retry_after_header, "X-Agl-Paused": "true"},

@@ -66,7 +66,15 @@ def test_pause_refuses_new_calls_lets_admitted_ones_finish_and_resume(
     assert refused.status_code == 429
     assert refused.headers["Retry-After"] == "3"
     assert refused.headers["X-Agl-Paused"] == "true"
-    assert refused.json() == {"error": "gateway paused", "reason": "weight swap"}
+    body = refused.json()  # OpenAI's error shape, with v1.0's `reason` beside it
+    assert body["reason"] == "weight swap"
+    assert body["error"] == {
+        "message": "gateway paused: weight swap",
+        "type": "rate_limit_error",
+        "code": "gateway_paused",
+        "source": "gateway",
+        "attempts": 0,
+    }
 
     thread.join(10)
     assert results[0].status_code == 200  # admitted before the pause: it finished
