@@ -30,7 +30,7 @@ from keraunos.gateway._tokens import token_secret
 from keraunos.gateway.api import attempts, events, info, models, rollouts, tokens
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
-from keraunos.gateway.proxy import CacheInvalidation, ProxyState, proxy_lifespan
+from keraunos.gateway.proxy import CacheEvents, ProxyState, proxy_lifespan
 from keraunos.gateway.proxy import router as proxy_router
 from keraunos.gateway.replicas import Coordination
 from keraunos.ledger.base import Ledger
@@ -70,6 +70,7 @@ def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination
     app.state.config = config
     app.state.ledger = ledger
     app.state.proxy = proxy
+    app.state.caches = CacheEvents(proxy.endpoints, proxy.rollouts)  # told by the /api write routes
     app.state.metrics = metrics
     app.state.token_secret = token_secret(config.token_secret, config.key)
 
@@ -110,10 +111,8 @@ def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination
         if path
     )
     # Starlette wraps the last-added middleware outermost: auth runs first, then the body limit,
-    # then the cache invalidation, then the lean routes are served without FastAPI's (costly) router.
+    # then the lean routes are served without FastAPI's (costly) router.
     app.add_middleware(FastLane, routers=routers, exception_handlers=app.exception_handlers)
-    # Endpoint and rollout changes made through `/api` reach the proxy's in-memory caches.
-    app.add_middleware(CacheInvalidation, endpoints=proxy.endpoints, rollouts=proxy.rollouts)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     if config.key:
         app.add_middleware(

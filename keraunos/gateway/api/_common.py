@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import numpy as np
 import orjson
@@ -25,6 +25,9 @@ from starlette.requests import ClientDisconnect
 
 from keraunos.ledger.base import Ledger
 from keraunos.protocol import ID_MAX_LENGTH, ID_PATTERN, ID_RULE, is_valid_id
+
+if TYPE_CHECKING:
+    from keraunos.gateway.proxy.cache import CacheEvents
 
 T = TypeVar("T")
 
@@ -95,6 +98,11 @@ def _id_error(name: str, value: str) -> dict[str, Any]:
 def ledger_of(request: Request) -> Ledger:
     """The ledger of the app serving `request` (set by `create_app`)."""
     return request.app.state.ledger
+
+
+def caches_of(request: Request) -> CacheEvents:
+    """Where a write route tells the proxy's caches what it changed (set by `create_app`)."""
+    return request.app.state.caches
 
 
 async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:

@@ -7,7 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import TypeAdapter
 
-from keraunos.gateway.api._common import LeanRoute, json_body_doc, json_response, ledger_of, read_body
+from keraunos.gateway.api._common import (
+    LeanRoute,
+    caches_of,
+    json_body_doc,
+    json_response,
+    ledger_of,
+    read_body,
+)
 from keraunos.protocol import Model
 
 router = APIRouter(prefix="/api/models", tags=["models"], route_class=LeanRoute)
@@ -27,7 +34,10 @@ _OK = b'{"status":"ok"}'
 async def upsert_models(request: Request) -> Response:
     """Insert or replace each endpoint, keyed by (model, endpoint)."""
     models = await read_body(request, _MODELS)
-    stored = await ledger_of(request).upsert_models(models)
+    try:
+        stored = await ledger_of(request).upsert_models(models)
+    finally:
+        caches_of(request).models_changed()
     return json_response(_MODELS.dump_json(stored), 201)
 
 
@@ -57,5 +67,8 @@ async def delete_models(
     endpoint: Annotated[str | None, Query(description="Only this endpoint URL.")] = None,
 ) -> Response:
     """Without filters remove every endpoint (Agent Lightning v1.0); with filters only the matches."""
-    await ledger_of(request).delete_models(model, endpoint)
+    try:
+        await ledger_of(request).delete_models(model, endpoint)
+    finally:
+        caches_of(request).models_changed()
     return json_response(_OK)

@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 from keraunos.gateway.api._common import (
     LeanRoute,
     RolloutIdPath,
+    caches_of,
     dump_models,
     json_body_doc,
     json_response,
@@ -136,5 +137,8 @@ async def patch_rollout(request: Request, rollout_id: RolloutIdPath) -> Response
 )
 async def delete_rollout(request: Request, rollout_id: RolloutIdPath) -> Response:
     """Delete the rollout and its events; an unknown id is fine. Its terminal position stays."""
-    await ledger_of(request).delete_rollout(rollout_id)
+    try:
+        await ledger_of(request).delete_rollout(rollout_id)
+    finally:
+        caches_of(request).rollout_deleted(rollout_id)
     return Response(status_code=204)

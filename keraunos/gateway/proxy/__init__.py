@@ -5,8 +5,8 @@
 lives on the app.
 """
 
-from keraunos.gateway.proxy.cache import CacheInvalidation
+from keraunos.gateway.proxy.cache import CacheEvents
 from keraunos.gateway.proxy.routes import router
 from keraunos.gateway.proxy.state import ProxyState, proxy_lifespan
 
-__all__ = ["CacheInvalidation", "ProxyState", "proxy_lifespan", "router"]
+__all__ = ["CacheEvents", "ProxyState", "proxy_lifespan", "router"]

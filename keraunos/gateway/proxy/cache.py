@@ -1,8 +1,9 @@
 """What the proxy keeps in memory so its hot path reads nothing from the ledger.
 
 `EndpointCache` holds the registered endpoints per model name, `KnownRollouts` the ids of rollouts
-seen to exist. Changes made through this gateway reach them at once: `CacheInvalidation` watches
-the `/api` requests that change endpoints or delete rollouts. Changes made through another replica
+seen to exist. Changes made through this gateway reach them at once: the `/api` routes that change
+endpoints or delete a rollout say so to `CacheEvents` (explicitly, after their ledger write, whatever
+its outcome: forgetting is always safe). Changes made through another replica
 (on a shared ledger) are seen within `refresh_s` for endpoints; for a deleted rollout the ledger
 write of the next call fails and the proxy forgets the id then.
 """
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keraunos.ledger.base import Ledger
 from keraunos.protocol import Model
@@ -68,32 +67,17 @@ class KnownRollouts:
         self._ids.pop(rollout_id, None)
 
 
-_ROLLOUTS_PREFIX = "/api/rollouts/"
+class CacheEvents:
+    """What the `/api` write routes tell the proxy's caches: endpoints changed, a rollout went."""
 
-
-class CacheInvalidation:
-    """ASGI middleware: after a request that may change endpoints or delete a rollout, update the caches.
-
-    `POST`/`DELETE /api/models` invalidate the endpoint cache, `DELETE /api/rollouts/{id}` forgets
-    the rollout. This runs after the route answered, whatever its status: forgetting is always safe.
-    """
-
-    def __init__(self, app: ASGIApp, *, endpoints: EndpointCache, rollouts: KnownRollouts) -> None:
-        self.app = app
+    def __init__(self, endpoints: EndpointCache, rollouts: KnownRollouts) -> None:
         self._endpoints = endpoints
         self._rollouts = rollouts
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "DELETE"):
-            await self.app(scope, receive, send)
-            return
-        path: str = scope["path"]
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            if path.rstrip("/") == "/api/models":
-                self._endpoints.invalidate()
-            elif scope["method"] == "DELETE" and path.startswith(_ROLLOUTS_PREFIX):
-                rollout_id = path[len(_ROLLOUTS_PREFIX) :]
-                if "/" not in rollout_id:
-                    self._rollouts.forget(rollout_id)
+    def models_changed(self) -> None:
+        """Endpoints were registered or removed: the proxy reads them again on its next call."""
+        self._endpoints.invalidate()
+
+    def rollout_deleted(self, rollout_id: str) -> None:
+        """`rollout_id` was deleted: the proxy checks the ledger again before its next call."""
+        self._rollouts.forget(rollout_id)
