@@ -5,9 +5,10 @@ stays `True`), same float bits (-0.0, NaN, infinities), same key order. Plain ev
 text (`encode_json`). `model_request` data, nearly all of a ledger's bytes, gets a binary layout:
 token ids and log probs become packed arrays, chat log probs are stored by column, and a call of a
 multi-turn rollout stores only what is new relative to the previous `model_request` of its (rollout,
-attempt): its prompt ids as (length shared with the previous prompt + response, suffix) and its
-request messages as (number of leading messages equal to the previous call's, new messages). The
-storage of a rollout therefore grows linearly with its turns, not quadratically.
+attempt): its prompt ids as (length shared with the previous prompt + response, suffix; counted by
+`keraunos.prefix`, and decoded into one id buffer per chain) and its request messages as (number
+of leading messages equal to the previous call's, new messages). The storage of a rollout
+therefore grows linearly with its turns, not quadratically.
 
 Blob layout of a `model_request` (all integers little-endian):
 
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from keraunos import prefix
 from keraunos.errors import KeraunosError
 from keraunos.ledger._triplet import first_choice, is_empty, trim_parts
 
@@ -60,17 +62,17 @@ class CallContext:
     """What the next model_request of the same (rollout, attempt) may extend.
 
     Arrays are read-only and may be shared with decoded triplets; the contexts of one decoded chain
-    share a buffer of ids, so one thread decodes a chain. A call without packable prompt ids carries
-    the previous call's ids forward, one without request messages its messages. Compare contexts
-    field by field (`==` is identity because of the arrays).
+    share a buffer of ids (`link`, see `keraunos.prefix`), so one thread decodes a chain. A call
+    without packable prompt ids carries the previous call's ids forward, one without request
+    messages its messages. Compare contexts field by field (`==` is identity because of the arrays).
     """
 
     prompt: np.ndarray | None
     response: np.ndarray | None
     messages: tuple[bytes, ...] | None
     message_values: list[Any] | None
-    # Where a decoded prompt + response lie back to back, for the next prompt to extend in place.
-    tape: _Tape | None = field(default=None, repr=False)
+    # A decoded call's ids in its chain's buffer, for the next prompt to extend in place.
+    link: prefix.Link | None = field(default=None, repr=False)
 
 
 class _Kind(IntEnum):
@@ -307,31 +309,26 @@ class _Encoder:
         value = container.get(key)
         if value is None:  # absent, or already moved
             return None
-        ids, shared = None, 0
+        ids = None
         prev = self.prev
         if prompt_like and self.prompt is None and prev is not None and prev.prompt is not None:
-            extended = _pack_extending_ids(value, prev.prompt, _or_empty(prev.response))
-            if extended is not None:
-                ids, shared = extended
+            ids = _pack_ids_after(value, prev.prompt, _or_empty(prev.response))
         if ids is None:
             ids = _pack_ids(value)
             if ids is None:
                 return None
-        self._add(kind, index, self._ids_payload(ids, prompt_like, shared))
+        self._add(kind, index, self._ids_payload(ids, prompt_like))
         container[key] = None
         return ids
 
-    def _ids_payload(self, ids: np.ndarray, prompt_like: bool, shared: int = 0) -> bytes:
-        """`shared`, where known, is the length of the common prefix of `ids` and the previous
-        call's prompt + response."""
+    def _ids_payload(self, ids: np.ndarray, prompt_like: bool) -> bytes:
         width = ids.dtype.itemsize
         if prompt_like and self.prompt is not None and _same_ids(ids, self.prompt):
             return bytes([_SAME])
         prev = self.prev
         if prompt_like and prev is not None and prev.prompt is not None:
             response = _or_empty(prev.response)
-            if not shared:
-                shared = _shared_prefix(ids, prev.prompt, response)
+            shared = prefix.shared_prefix(ids, prev.prompt, response)
             if shared >= _MIN_SHARED_PREFIX:
                 base_length = len(prev.prompt) + len(response)
                 check = _base_check(prev.prompt, response, shared)
@@ -430,15 +427,14 @@ def _pack_ids(value: Any) -> np.ndarray | None:
     return ids
 
 
-def _pack_extending_ids(
-    value: Any, prompt: np.ndarray, response: np.ndarray
-) -> tuple[np.ndarray, int] | None:
-    """`_pack_ids(value)` and the length of `prompt + response` when `value` starts with all of it,
-    the usual next prompt of a chain; else None.
+def _pack_ids_after(value: Any, prompt: np.ndarray, response: np.ndarray) -> np.ndarray | None:
+    """`_pack_ids(value)`, fast for the usual next prompt of a chain, which starts with all of
+    `prompt + response`; None when the fast way does not apply (then `_pack_ids` does).
 
     Converting a list of ints to an array is most of `_pack_ids`' time, and a chain's prompts grow
     by every turn: this compares the JSON text of `value` with that of the previous ids (orjson
     writes both the same way, and a bool or float never like an int) and converts only the new ids.
+    It only converts; how many ids the prompt shares is `keraunos.prefix`'s to say.
     """
     shared = len(prompt) + len(response)
     if type(value) is not list or len(value) < shared or shared < _MIN_SHARED_PREFIX:
@@ -465,7 +461,7 @@ def _pack_extending_ids(
     )
     ids = np.concatenate(parts, dtype=np.int32 if fits else np.int64)
     ids.flags.writeable = False
-    return ids, shared
+    return ids
 
 
 def _pack_floats(value: Any) -> np.ndarray | None:
@@ -630,23 +626,6 @@ def _same_ids(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
 
 
-def _shared_prefix(ids: np.ndarray, prompt: np.ndarray, response: np.ndarray) -> int:
-    """Length of the common prefix of `ids` and `prompt + response` (without concatenating)."""
-    shared = _common_prefix(ids, prompt)
-    if shared == len(prompt) and len(response):
-        shared += _common_prefix(ids[shared:], response)
-    return shared
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differs = a[:n] != b[:n]
-    first = int(differs.argmax())
-    return first if differs[first] else n
-
-
 def _base_check(prompt: np.ndarray, response: np.ndarray, shared: int) -> int:
     """A checksum of sampled ids of `(prompt + response)[:shared]`.
 
@@ -759,39 +738,6 @@ class _Reader:
             raise CodecError("model_request blob has trailing bytes in a section")
 
 
-class _Tape:
-    """An append-only buffer of token ids that the prompts and responses of one decoded chain view.
-
-    Call k+1's prompt is usually call k's prompt + response + a few new ids. When those lie back to
-    back in one buffer, call k+1's prompt is a view that costs only its new ids: decoding a rollout
-    writes and keeps each id once instead of once per later call. Written ids never change, so
-    views handed out stay valid; growing moves to a larger buffer and leaves the old one to the
-    views that still use it. Not thread-safe: one thread decodes a chain.
-    """
-
-    __slots__ = ("ids", "used")
-
-    def __init__(self, dtype: np.dtype[Any], capacity: int) -> None:
-        self.ids: np.ndarray = np.empty(max(capacity, 4096), dtype=dtype)
-        self.used = 0
-
-    def append(self, ids: np.ndarray) -> np.ndarray:
-        """Write `ids` after the last ids; return a read-only view of just them."""
-        start, end = self.used, self.used + len(ids)
-        if end > len(self.ids):
-            grown = np.empty(2 * end, dtype=self.ids.dtype)
-            grown[:start] = self.ids[:start]
-            self.ids = grown
-        self.ids[start:end] = ids
-        self.used = end
-        return self.view(start, end)
-
-    def view(self, start: int, end: int) -> np.ndarray:
-        view = self.ids[start:end]
-        view.flags.writeable = False
-        return view
-
-
 class _Decoder:
     """One blob's table of sections, and the two ways to read them."""
 
@@ -826,7 +772,7 @@ class _Decoder:
             raise CodecError("model_request blob flags a context prompt it does not hold")
         self.prompt: np.ndarray | None = None
         self.response: np.ndarray | None = None
-        self.tape: _Tape | None = None
+        self.link: prefix.Link | None = None
         self.messages: tuple[bytes, ...] | None = None
         self.message_values: list[Any] | None = None
 
@@ -891,16 +837,14 @@ class _Decoder:
     def _ids(self, position: int, kind: _Kind, index: int) -> np.ndarray:
         reader = _Reader(self._payload(kind, index))
         if position == 0 and self.flags & _FLAG_CONTEXT_PROMPT:
-            self.prompt, self.tape = _context_prompt(reader, self.prev)
+            self.link = _context_prompt(reader, self.prev)
+            self.prompt = self.link.prompt
             return self.prompt
         ids = _other_ids(reader, self.prompt, self.prev)
-        if kind is _Kind.TOKEN_IDS and index == 0 and self.prompt is not None:
-            tape = self.tape
-            if tape is not None and tape.used == len(self.prompt) and tape.ids.dtype == ids.dtype:
-                ids = tape.append(ids)
-            else:
-                self.tape = None  # the next prompt cannot extend this one in place
-            self.response = ids
+        if kind is _Kind.TOKEN_IDS and index == 0 and self.link is not None:
+            # In the chain's buffer right after the prompt when it can be, for the next call.
+            self.link = prefix.answer(self.link, ids)
+            ids = self.response = self.link.response if self.link.response is not None else ids
         return ids
 
     def _messages(self) -> list[Any]:
@@ -931,40 +875,31 @@ class _Decoder:
         return self.message_values
 
     def _context(self) -> CallContext:
-        prompt, response, tape = self.prompt, self.response, self.tape
+        prompt, response, link = self.prompt, self.response, self.link
         if prompt is None:
-            response = tape = None
+            response = link = None
             if self.prev is not None:
-                prompt, response, tape = self.prev.prompt, self.prev.response, self.prev.tape
+                prompt, response, link = self.prev.prompt, self.prev.response, self.prev.link
         messages, message_values = self.messages, self.message_values
         if messages is None and self.prev is not None:
             messages, message_values = self.prev.messages, self.prev.message_values
-        return CallContext(prompt, response, messages, message_values, tape)
+        return CallContext(prompt, response, messages, message_values, link)
 
 
-def _context_prompt(reader: _Reader, prev: CallContext | None) -> tuple[np.ndarray, _Tape]:
-    """The call's context prompt as a view of a tape: of `prev`'s tape when it extends `prev`'s
-    prompt + response exactly (the common case, no copy), else of a new one."""
+def _context_prompt(reader: _Reader, prev: CallContext | None) -> prefix.Link:
+    """The call's context prompt as a link of its chain: in place after `prev`'s ids when it
+    extends `prev`'s prompt + response exactly (the common case, no copy), else in a new buffer."""
     mode = reader.u8()
     if mode == _RAW:
         width = reader.u8()
-        ids = reader.rest(_id_dtype(width))
-        tape = _Tape(np.dtype(f"i{width}"), 2 * len(ids))
-        return tape.append(ids), tape
+        return prefix.start(reader.rest(_id_dtype(width)), np.dtype(f"i{width}"))
     if mode != _PREFIX:
         raise CodecError(f"model_request blob has a context prompt of mode {mode}")
     width, shared, base_length, check = reader.unpack(_PREFIX_HEADER)
     suffix = reader.rest(_id_dtype(width))
     prompt, response = _checked_base(prev, shared, base_length, check)
-    tape = prev.tape if prev is not None else None
-    dtype = np.dtype(f"i{width}")
-    if tape is None or not shared == base_length == tape.used or tape.ids.dtype != dtype:
-        tape = _Tape(dtype, 2 * (shared + len(suffix)))
-        from_prompt = min(shared, len(prompt))
-        tape.append(prompt[:from_prompt])
-        tape.append(response[: shared - from_prompt])
-    tape.append(suffix)
-    return tape.view(0, tape.used), tape
+    base = prev.link if prev is not None and prev.link is not None else prefix.Link(prompt, response)
+    return prefix.follow(base, shared, suffix, np.dtype(f"i{width}"))
 
 
 def _other_ids(reader: _Reader, prompt: np.ndarray | None, prev: CallContext | None) -> np.ndarray:

@@ -10,8 +10,8 @@ meaning: the first `n` ids of (prompt + response) of the event at index `i` of t
 followed by `suffix` (`keraunos.training._read` decodes it). The reference `i` is always the
 nearest earlier `model_request` event of the response with a non-empty integer-list prompt (so a
 failed call without prompt ids between two turns does not break the chain), and `n` is the length
-of the longest common prefix of its prompt + response and this prompt (a rewritten history still
-shares its system prompt). When `n` is 0, or there is no such event, `prefix_of` is null and
+of the longest common prefix of its prompt + response and this prompt (`keraunos.prefix`; a
+rewritten history still shares its system prompt). When `n` is 0, or there is no such event, `prefix_of` is null and
 `suffix` is the whole prompt. A prompt that is not a list of integers (JSON `true` is not 1) is
 left as it is, and so is every other event and field. Pure.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from keraunos import prefix
 from keraunos.protocol import MODEL_REQUEST
 
 #: A token-id sequence as this module handles it: an int64 array, or a list for ids beyond 64 bits.
@@ -34,7 +35,8 @@ def delta_encode(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The input is not modified: changed events and their `data` are shallow copies.
     """
     out: list[dict[str, Any]] = []
-    previous: tuple[int, _Ids] | None = None  # (index, prompt + response) of the last encoded call
+    # (index, prompt, response) of the last call with a non-empty prompt
+    previous: tuple[int, _Ids, _Ids | None] | None = None
     for index, event in enumerate(events):
         data = event.get("data")
         if event.get("event_type") != MODEL_REQUEST or not isinstance(data, dict):
@@ -46,13 +48,12 @@ def delta_encode(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         delta: dict[str, Any] = {"prefix_of": None, "prefix_len": 0, "suffix": prompt}
         if previous is not None:
-            shared = common_prefix(previous[1], prompt)
+            shared = prefix.shared_prefix(prompt, previous[1], previous[2])
             if shared:
                 delta = {"prefix_of": previous[0], "prefix_len": shared, "suffix": prompt[shared:]}
         out.append({**event, "data": {**data, "prompt_token_ids": delta}})
         if len(prompt):
-            response = as_ids(data.get("response_token_ids"))
-            previous = (index, _concat(prompt, response) if response is not None else prompt)
+            previous = (index, prompt, as_ids(data.get("response_token_ids")))
     return out
 
 
@@ -72,25 +73,3 @@ def as_ids(value: Any) -> _Ids | None:
         return np.array(value, dtype=np.int64)
     except OverflowError:
         return list(value)
-
-
-def common_prefix(a: _Ids, b: _Ids) -> int:
-    """Length of the longest common prefix of two id sequences."""
-    n = min(len(a), len(b))
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        differ = np.flatnonzero(a[:n] != b[:n])
-        return int(differ[0]) if differ.size else n
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def _concat(a: _Ids, b: _Ids) -> _Ids:
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return np.concatenate((a, b))
-    return _to_list(a) + _to_list(b)
-
-
-def _to_list(ids: _Ids) -> list[int]:
-    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)

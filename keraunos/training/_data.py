@@ -26,6 +26,9 @@ class Triplet:
     the other samples of the same prompt, oldest first: the answers of earlier calls with this
     prompt that the triplet view folded into this one (`replaced_calls`), then this call's other
     choices (`n > 1`). Which sample the agent went on with is decided when rows are built.
+    `extends_previous` is the reader's explicit word that `prompt_ids` starts with the previous
+    triplet's `prompt_ids` + `response_ids` (it built them in one id buffer, `keraunos.prefix`);
+    False says nothing either way.
     """
 
     prompt_ids: np.ndarray
@@ -33,6 +36,7 @@ class Triplet:
     logprobs: np.ndarray | None = None
     model_version: int | None = None
     alternatives: tuple[Sample, ...] = ()
+    extends_previous: bool = False
 
     @property
     def samples(self) -> tuple[Sample, ...]:

@@ -6,7 +6,10 @@ are calls whose ids cannot be read (both counted); the other samples of a call's
 as `alternatives`, for the row builder to choose the one the agent went on with. The reward is the
 value of the last `reward` event that has a finite number. Delta prompts (`{"prefix_of",
 "prefix_len", "suffix"}`, see `keraunos.ledger._triplet_delta`) are resolved against the earlier
-events of the same list.
+events of the same list, into one id buffer per chain (`keraunos.prefix`): a call that continues
+its source call exactly adds only its suffix and response, and its prompt is a view. A triplet
+built that way on the triplet before it says so (`Triplet.extends_previous`), and the row builder
+trusts the flag instead of comparing ids.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from keraunos import prefix
 from keraunos.errors import KeraunosError
 from keraunos.protocol import MODEL_REQUEST
 from keraunos.training._data import Sample, Triplet
@@ -48,39 +52,10 @@ def read_events_json(raw: bytes) -> ReadResult:
     return read_events(events)
 
 
-class _Tape:
-    """The ids of a chain of calls that continue each other exactly, kept as pieces until needed.
-
-    A call that continues the chain's last call adds only its suffix and response; its prompt and
-    response become views into the tape, so a rollout of k turns costs its distinct ids, not k
-    prompt copies (and `trajectories.continues` sees the shared memory and skips the comparison).
-    """
-
-    __slots__ = ("_array", "_pieces", "length")
-
-    def __init__(self) -> None:
-        self._pieces: list[np.ndarray] = []
-        self._array: np.ndarray | None = None
-        self.length = 0
-
-    def extend(self, ids: np.ndarray) -> None:
-        if len(ids):
-            self._pieces.append(ids)
-            self.length += len(ids)
-
-    def array(self) -> np.ndarray:
-        if self._array is None or len(self._array) != self.length:
-            pieces = ([self._array] if self._array is not None else []) + self._pieces
-            self._array = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-            self._pieces = []
-        return self._array
-
-
 @dataclass(slots=True)
 class _Call:
-    tape: _Tape
-    prompt_end: int
-    full_end: int
+    link: prefix.Link
+    source: int | None  # the event index `link` was built in place on (`extends_previous`)
     data: dict[str, Any]
     keep: bool
 
@@ -128,6 +103,7 @@ def read_events(events: list[Any]) -> ReadResult:
         else:
             call.keep = True
     triplets = []
+    last_kept: int | None = None  # event index of the previous triplet, when its first sample is its own
     for index, call in calls.items():
         samples = earlier.get(index, [])
         if call.keep:
@@ -136,25 +112,26 @@ def read_events(events: list[Any]) -> ReadResult:
             samples = samples + own[1:]
         elif not samples:
             continue
-        tape = call.tape.array()
-        if call.keep:
-            response = tape[call.prompt_end : call.full_end]
+        link = call.link
+        if call.keep and link.response is not None:
             first = Sample(
-                response,
-                _logprobs(call.data.get("response_log_probs"), len(response)),
+                link.response,
+                _logprobs(call.data.get("response_log_probs"), len(link.response)),
                 _version(call.data.get("server")),
             )
         else:  # this call failed, but a call it replaced did not: the latest of those stands first
             first = samples.pop()
         triplets.append(
             Triplet(
-                prompt_ids=tape[: call.prompt_end],
+                prompt_ids=link.prompt,
                 response_ids=first.response_ids,
                 logprobs=first.logprobs,
                 model_version=first.model_version,
                 alternatives=tuple(samples),
+                extends_previous=link.extends_previous and last_kept is not None and call.source == last_kept,
             )
         )
+        last_kept = index if call.keep else None
     return ReadResult(triplets, reward, failed, unreadable, unreadable_choices)
 
 
@@ -179,44 +156,35 @@ def _choice_samples(data: dict[str, Any]) -> tuple[list[Sample], int]:
 def _place(
     prompt: Any, response: np.ndarray | None, calls: dict[int, _Call], index: int, data: dict[str, Any]
 ) -> _Call | None:
-    """Put one call's prompt and response on a tape: the source's when it continues it exactly."""
-    tape: _Tape | None = None
+    """Put one call's prompt and response in its chain's buffer: after the source's ids when it
+    continues the source exactly (`prefix.follow`), else in a buffer of its own."""
+    source: int | None = None
     if isinstance(prompt, dict):
-        source = prompt.get("prefix_of")
+        reference = prompt.get("prefix_of")
         length = prompt.get("prefix_len", 0)
         suffix = _ids(prompt.get("suffix"))
         if suffix is None or not isinstance(length, int):
             raise TripletReadError(f"event {index}: malformed prompt delta")
-        if source is None:
+        if reference is None:
             if length:
                 raise TripletReadError(f"event {index}: prefix_len {length} without prefix_of")
-            prefix = None
+            link = prefix.start(suffix)
         else:
-            base = calls.get(source) if isinstance(source, int) and 0 <= source < index else None
-            if base is None or not 0 <= length <= base.full_end:
+            base = calls.get(reference) if isinstance(reference, int) and 0 <= reference < index else None
+            if base is None or not 0 <= length <= base.link.length:
                 raise TripletReadError(
-                    f"event {index}: prompt delta refers to event {source!r}, prefix_len {length}"
+                    f"event {index}: prompt delta refers to event {reference!r}, prefix_len {length}"
                 )
-            if length == base.full_end == base.tape.length:
-                tape = base.tape  # the common case: this call continues the source call exactly
-                prefix = None
-            else:
-                prefix = base.tape.array()[:length]
-        if tape is None:
-            tape = _Tape()
-            if prefix is not None:
-                tape.extend(prefix)
-        tape.extend(suffix)
+            link = prefix.follow(base.link, length, suffix)
+            source = reference if link.extends_previous else None
     else:
         ids = _ids(prompt)
         if ids is None:
             return None
-        tape = _Tape()
-        tape.extend(ids)
-    prompt_end = tape.length
+        link = prefix.start(ids)
     if response is not None:
-        tape.extend(response)
-    call = _Call(tape, prompt_end, tape.length, data, keep=False)
+        link = prefix.answer(link, response)
+    call = _Call(link, source, data, keep=False)
     calls[index] = call
     return call
 

@@ -3,7 +3,8 @@
 Two levels:
 - `transition`: one row per call (its prompt, its response).
 - `trajectory`: consecutive calls of a rollout share one row while each call's prompt starts,
-  token id for token id, with the previous call's prompt + response. The ids in between (tool
+  token id for token id, with the previous call's prompt + response (`keraunos.prefix.extends`,
+  or the reader's `Triplet.extends_previous` where it built the ids so). The ids in between (tool
   output, user turns, chat-template glue) join the response with mask 0 and log prob 0; the next
   call's response follows with mask 1. A prompt that does not continue the row (a *break*) starts a
   new row, and the break is classified and counted (`MergeBreak`).
@@ -37,6 +38,7 @@ import numpy as np
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from keraunos import prefix
 from keraunos.training._data import CompletedRollout, Sample, Triplet
 
 log = structlog.get_logger("keraunos.training.trajectories")
@@ -205,11 +207,15 @@ def build_rows(
 @dataclass(frozen=True, slots=True)
 class TrainedCall:
     """A call as rows see it: `triplet` holds the one sample that trains (None: none does), and
-    `samples` every sample of its prompt, for naming a break after it."""
+    `samples` every sample of its prompt, for naming a break after it. `extends_previous` is the
+    reader's flag (its prompt starts with the previous call's prompt + first sample), `first_sample`
+    whether `triplet` trains that first sample (the one a next call's flag is about)."""
 
     triplet: Triplet | None
     samples: tuple[Sample, ...]
     prompt_ids: np.ndarray
+    extends_previous: bool = False
+    first_sample: bool = True
 
 
 def trained_calls(
@@ -221,7 +227,7 @@ def trained_calls(
     out: list[TrainedCall] = []
     for index, triplet in enumerate(triplets):
         if not triplet.alternatives:
-            out.append(TrainedCall(triplet, (), triplet.prompt_ids))
+            out.append(TrainedCall(triplet, (), triplet.prompt_ids, triplet.extends_previous))
             continue
         samples = triplet.samples
         counts["multi_sample_calls"] += 1
@@ -239,7 +245,7 @@ def trained_calls(
         if chosen is not None:
             sample = samples[chosen]
             kept = Triplet(triplet.prompt_ids, sample.response_ids, sample.logprobs, sample.model_version)
-        out.append(TrainedCall(kept, samples, triplet.prompt_ids))
+        out.append(TrainedCall(kept, samples, triplet.prompt_ids, triplet.extends_previous, chosen == 0))
     return out
 
 
@@ -247,51 +253,39 @@ def followed_sample(prompt: np.ndarray, samples: Sequence[Sample], later: Sequen
     """The index of the sample that the first later call starting with `prompt` continues (the
     longest when several fit, the first of equal ones), or None when that call continues none of
     them or no later call starts with `prompt`."""
-    n = len(prompt)
     for call in later:
         following = call.prompt_ids
-        if len(following) < n or not np.array_equal(following[:n], prompt):
+        if prefix.extends(prompt, None, following) is None:
             continue  # another conversation (or a rewritten history): look further
         fits = [
             (len(sample.response_ids), -index)
             for index, sample in enumerate(samples)
-            if np.array_equal(following[n : n + len(sample.response_ids)], sample.response_ids)
+            if prefix.extends(prompt, sample.response_ids, following) is not None
         ]
         return -max(fits)[1] if fits else None
     return None
 
 
-def continues(prompt: np.ndarray, previous: Triplet) -> bool:
-    """Whether `prompt` starts exactly with `previous`'s prompt ids followed by its response ids."""
-    n_prompt, n_response = len(previous.prompt_ids), len(previous.response_ids)
-    if len(prompt) < n_prompt + n_response:
-        return False
-    if _same_memory(prompt, previous.prompt_ids) and _same_memory(prompt[n_prompt:], previous.response_ids):
-        return True  # views of one tape (see `keraunos.training._read`): equal by construction
-    return bool(
-        np.array_equal(prompt[:n_prompt], previous.prompt_ids)
-        and np.array_equal(prompt[n_prompt : n_prompt + n_response], previous.response_ids)
-    )
-
-
-def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether `b` is a view of the same ids that `a` starts with (same buffer, start, dtype, step)."""
-    if a.base is None or a.base is not b.base or a.dtype != b.dtype or a.strides != b.strides:
-        return False
-    return a.ctypes.data == b.ctypes.data
+def continued_at(call: TrainedCall, previous: TrainedCall) -> int | None:
+    """Where `call`'s new ids begin when its prompt starts with `previous`'s prompt + trained
+    response (`prefix.extends`), else None; the reader's flag spares the comparison when it applies."""
+    before = previous.triplet
+    if before is None:
+        return None
+    if call.extends_previous and previous.first_sample:
+        return len(before.prompt_ids) + len(before.response_ids)
+    return prefix.extends(before.prompt_ids, before.response_ids, call.prompt_ids)
 
 
 def classify_break(
     previous: Triplet, prompt: np.ndarray, tokenizer: Tokenizer | None = None
 ) -> tuple[BreakKind, int, str | None, str | None]:
     """(kind, shared prefix, expected text, actual text) of a prompt that does not continue `previous`."""
-    expected = np.concatenate((previous.prompt_ids, previous.response_ids))
-    n = min(len(expected), len(prompt))
-    differ = np.flatnonzero(expected[:n] != prompt[:n])
-    shared = int(differ[0]) if differ.size else n
+    shared = prefix.shared_prefix(prompt, previous.prompt_ids, previous.response_ids)
     if tokenizer is None:
         kind: BreakKind = "rewrite" if shared < len(previous.prompt_ids) else "unclassified"
         return kind, shared, None, None
+    expected = np.concatenate((previous.prompt_ids, previous.response_ids))
     start = max(0, shared - _BREAK_CONTEXT)
     expected_text = tokenizer.decode(expected[start:].tolist())
     # Enough of the new prompt to hold the same text even if it tokenises into twice as many ids.
@@ -323,11 +317,10 @@ def _drafts(
     for call_index, call in enumerate(calls):
         triplet = call.triplet
         if level == "trajectory" and previous is not None:
-            before = previous.triplet
-            if before is not None and open_draft and continues(call.prompt_ids, before):
+            start = continued_at(call, previous) if open_draft else None
+            if start is not None:
                 previous = call
                 if triplet is not None:
-                    start = len(before.prompt_ids) + len(before.response_ids)
                     drafts[-1].add_call(triplet, triplet.prompt_ids[start:])
                 else:  # it continues the row but trains nothing, so no later call extends the row
                     open_draft = False
