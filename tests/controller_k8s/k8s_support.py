@@ -40,7 +40,7 @@ GATEWAY_ARGS = (
 )
 
 #: The stand-in's fast clocks.
-KUBE_ARGS = ("--retry-backoff-seconds", "0.05", "--max-grace-seconds", "0.5", "--follow-poll-seconds", "0.05")
+KUBE_ARGS = ("--retry-backoff-seconds", "0.05", "--max-grace-seconds", "0.5")
 
 #: One Job running the test agent; `input.args` are its arguments, `input.question` its QUESTION.
 TEMPLATE = f"""

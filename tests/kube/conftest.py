@@ -1,4 +1,6 @@
-"""Fixtures of the Kubernetes stand-in's tests: a shared stand-in, fresh ones, and kr8s clients of them."""
+"""Fixtures of the Kubernetes stand-in's tests: a shared stand-in, fresh ones, and the runner's own
+client of it (`keraunos.controller.runners._k8s_api.KubeApi` over kr8s), so the stand-in is tested
+through exactly the calls keraunos makes."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import kr8s.asyncio
 import pytest
 from kube_standin import KubeStandIn, start_kube
 from kube_support import FAST
+
+from keraunos.controller.runners._k8s_api import KubeApi
 
 StartKube = Callable[..., KubeStandIn]
 
@@ -42,6 +46,7 @@ def kube_factory(tmp_path: Path) -> Iterator[StartKube]:
 
 
 @pytest.fixture
-async def kr8s_api(kube: KubeStandIn) -> AsyncIterator[kr8s.asyncio.Api]:
-    """A kr8s client of the shared stand-in, configured only by its kubeconfig file."""
-    yield await kr8s.asyncio.api(kubeconfig=str(kube.kubeconfig_path))
+async def runner_api(kube: KubeStandIn) -> AsyncIterator[KubeApi]:
+    """The runner's client of the shared stand-in, configured only by its kubeconfig file."""
+    api = await kr8s.asyncio.api(kubeconfig=str(kube.kubeconfig_path))
+    yield KubeApi(api, kube.namespace, timeout_s=10)

@@ -11,11 +11,13 @@ from typing import Any, TypeVar
 
 import anyio
 
+from keraunos.controller.runners._k8s_api import KubeApi
+
 T = TypeVar("T")
 
 #: Fast clocks for tests: retries, grace periods and log polling in tenths of a second. (Deadlines,
 #: TTLs and process exits wake the node on time; the resync is only a safety net.)
-FAST = ("--retry-backoff-seconds", "0.05", "--max-grace-seconds", "0.5", "--follow-poll-seconds", "0.05")
+FAST = ("--retry-backoff-seconds", "0.05", "--max-grace-seconds", "0.5")
 
 
 def unique_name(prefix: str = "job") -> str:
@@ -89,3 +91,21 @@ def live_group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.append(int(stat.parent.name))
     return members
+
+
+def final_condition(job: dict[str, Any] | None) -> str | None:
+    """`Complete` or `Failed` once the Job has that condition (status True), else None."""
+    for condition in ((job or {}).get("status") or {}).get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
+            return condition["type"]
+    return None
+
+
+async def finished(api: KubeApi, name: str, seconds: float = 10.0) -> dict[str, Any]:
+    """The Job `name` once it is Complete or Failed (read with the runner's client)."""
+
+    async def done() -> dict[str, Any] | None:
+        job = await api.get_job(name)
+        return job if final_condition(job) else None
+
+    return await eventually(done, seconds, f"Job {name} to finish")

@@ -3,12 +3,11 @@ real-looking Status bodies, request counts, and deleting a Job underneath a clie
 
 from __future__ import annotations
 
-import kr8s
-import kr8s.asyncio
 import pytest
-from kr8s.asyncio.objects import Job
 from kube_standin import KubeStandIn
 from kube_support import job_manifest, shell, unique_name
+
+from keraunos.controller.runners._k8s_api import KubeApi, KubeForbidden
 
 pytestmark = pytest.mark.anyio
 
@@ -16,24 +15,21 @@ JOBS = "/apis/batch/v1/namespaces/default/jobs"
 
 
 async def test_an_injected_403_reads_like_missing_rbac_and_is_used_up(
-    kube: KubeStandIn, kr8s_api: kr8s.asyncio.Api
+    kube: KubeStandIn, runner_api: KubeApi
 ) -> None:
     kube.controls.fail_next("create", "jobs", 403, count=4)  # kr8s re-authenticates 3 times on 401/403
-    job = await Job(job_manifest(unique_name(), shell("true")), api=kr8s_api)
+    manifest = job_manifest(unique_name(), shell("true"))
 
-    with pytest.raises(kr8s.ServerError) as raised:
-        await job.create()
+    with pytest.raises(KubeForbidden) as raised:
+        await runner_api.create_job(manifest)
 
-    assert raised.value.response is not None
-    status = raised.value.response.json()
-    assert status["code"] == 403 and status["reason"] == "Forbidden"
-    assert status["message"] == (
+    assert raised.value.message == (
         'jobs.batch is forbidden: User "system:serviceaccount:default:keraunos-controller" cannot create '
         'resource "jobs" in API group "batch" in the namespace "default"'
     )
     assert kube.controls.pending_faults() == []
-    await job.create()  # the fault is used up
-    await job.delete(propagation_policy="Background")
+    await runner_api.create_job(manifest)  # the fault is used up
+    await runner_api.delete_job(manifest["metadata"]["name"])
 
 
 def test_an_injected_429_carries_retry_after_and_other_verbs_are_untouched(kube: KubeStandIn) -> None:
@@ -57,7 +53,7 @@ def test_requests_are_counted_by_verb_and_resource(kube: KubeStandIn) -> None:
         client.get(f"{JOBS}/{name}")
         client.get(JOBS, params={"labelSelector": f"test={name}"})
         client.get("/api/v1/namespaces/default/pods")
-        client.delete(f"{JOBS}/{name}", params={"propagationPolicy": "Background"})
+        client.request("DELETE", f"{JOBS}/{name}", json={"propagationPolicy": "Background"})
 
     assert kube.controls.requests() == {
         "create jobs": 1,
@@ -71,16 +67,16 @@ def test_requests_are_counted_by_verb_and_resource(kube: KubeStandIn) -> None:
 
 
 async def test_a_job_deleted_underneath_is_gone_with_its_pods_and_the_delete_is_not_counted(
-    kube: KubeStandIn, kr8s_api: kr8s.asyncio.Api
+    kube: KubeStandIn, runner_api: KubeApi
 ) -> None:
-    job = await Job(job_manifest(unique_name(), shell("exec sleep 60")), api=kr8s_api)
-    await job.create()
+    name = unique_name()
+    await runner_api.create_job(job_manifest(name, shell("exec sleep 60")))
     kube.controls.reset_requests()
 
-    kube.controls.delete_underneath(job.name)
+    kube.controls.delete_underneath(name)
 
     assert kube.controls.count("delete", "jobs") == 0
-    assert not await job.exists()
+    assert await runner_api.get_job(name) is None
 
 
 def test_a_bad_fault_is_refused_with_a_reason(kube: KubeStandIn) -> None:

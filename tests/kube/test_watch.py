@@ -1,5 +1,5 @@
-"""Watches of the stand-in: newline-delimited events after a resourceVersion, selector transitions,
-410 Expired for a resourceVersion older than the kept history, timeouts, bookmarks and drops."""
+"""Watches of the stand-in, as the runner opens them: newline-delimited events after a list's
+resourceVersion, 410 Expired for one older than the kept history, timeouts, bookmarks and drops."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 
 import anyio
 import httpx
-import kr8s.asyncio
 import pytest
-from kr8s.asyncio.objects import Job
 from kube_standin import KubeStandIn
 from kube_support import job_manifest, shell, unique_name
+
+from keraunos.controller.runners._k8s_api import KubeApi
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +27,7 @@ def sleeping_job(name: str, **labels: str) -> dict[str, Any]:
 
 def list_version(kube: KubeStandIn) -> str:
     with kube.client() as client:
-        return client.get(JOBS, params={"limit": 1}).json()["metadata"]["resourceVersion"]
+        return client.get(JOBS, params={"labelSelector": "none=here"}).json()["metadata"]["resourceVersion"]
 
 
 def read_watch(
@@ -44,69 +44,44 @@ def read_watch(
     return events
 
 
-async def test_a_watch_from_a_resource_version_streams_every_later_change_in_order(
-    kube: KubeStandIn, kr8s_api: kr8s.asyncio.Api
+async def test_a_watch_from_a_lists_resource_version_streams_every_later_change_in_order(
+    runner_api: KubeApi,
 ) -> None:
     name = unique_name()
-    since = list_version(kube)
-    job = await Job(sleeping_job(name), api=kr8s_api)
-    await job.create()
-    await job.label(stage="two")
-    await job.delete(propagation_policy="Background")
+    _, since = await runner_api.list_jobs(f"test={name}")
+    await runner_api.create_job(sleeping_job(name))
+    await runner_api.create_job(sleeping_job(unique_name()))  # another selector: not seen
+    await runner_api.delete_job(name)
 
-    seen: list[tuple[str, Any]] = []
+    seen: list[dict[str, Any]] = []
     with anyio.fail_after(10):
-        async for event_type, obj in kr8s_api.watch("jobs", label_selector={"test": name}, since=since):
-            seen.append((event_type, obj))
-            if event_type == "DELETED":
-                break
+        async with runner_api.watch_jobs(f"test={name}", since, server_timeout_s=10) as events:
+            async for event in events:
+                seen.append(event)
+                if event["type"] == "DELETED":
+                    break
 
-    types = [event_type for event_type, _ in seen]
-    assert types[0] == "ADDED" and types[-1] == "DELETED" and set(types[1:-1]) == {"MODIFIED"}
-    versions = [int(obj.metadata["resourceVersion"]) for _, obj in seen]
+    types = [event["type"] for event in seen]
+    assert types[0] == "ADDED" and types[-1] == "DELETED" and set(types[1:-1]) <= {"MODIFIED"}
+    assert {event["object"]["metadata"]["name"] for event in seen} == {name}
+    versions = [int(event["object"]["metadata"]["resourceVersion"]) for event in seen]
     assert versions == sorted(versions) and len(set(versions)) == len(versions)
-    assert any(obj.labels.get("stage") == "two" for _, obj in seen)
+    assert min(versions) > int(since)
 
 
-def test_a_watch_without_a_resource_version_starts_with_the_current_objects(kube: KubeStandIn) -> None:
-    name = unique_name()
+@pytest.mark.parametrize("params", [{}, {"resourceVersion": "0"}, {"resourceVersion": "x"}])
+def test_a_watch_not_from_a_lists_resource_version_is_400(kube: KubeStandIn, params: dict[str, str]) -> None:
     with kube.client() as client:
-        client.post(JOBS, json=sleeping_job(name)).raise_for_status()
+        response = client.get(JOBS, params={"watch": "true", **params})
 
-    events = read_watch(kube, {"labelSelector": f"test={name}", "timeoutSeconds": 5}, until=lambda e: True)
+    assert response.status_code == 400 and response.json()["reason"] == "BadRequest"
 
-    assert [(e["type"], e["object"]["metadata"]["name"], e["object"]["kind"]) for e in events] == [
-        ("ADDED", name, "Job")
-    ]
+
+def test_a_watch_of_one_object_path_is_not_served(kube: KubeStandIn) -> None:
     with kube.client() as client:
-        client.delete(f"{JOBS}/{name}", params={"propagationPolicy": "Background"}).raise_for_status()
+        response = client.get(f"{JOBS}/any", params={"watch": "true", "resourceVersion": list_version(kube)})
 
-
-def test_an_object_that_starts_or_stops_matching_the_selector_arrives_as_added_or_deleted(
-    kube: KubeStandIn,
-) -> None:
-    name = unique_name()
-    with kube.client() as client:
-        client.post(JOBS, json=sleeping_job(name, watched="no")).raise_for_status()
-        since = client.get(f"{JOBS}/{name}").json()["metadata"]["resourceVersion"]
-        for value in ("yes", "no"):
-            client.patch(
-                f"{JOBS}/{name}",
-                json={"metadata": {"labels": {"watched": value}}},
-                headers={"Content-Type": "application/merge-patch+json"},
-            ).raise_for_status()
-
-    events = read_watch(
-        kube,
-        {"labelSelector": f"test={name},watched=yes", "resourceVersion": since},
-        until=lambda e: e["type"] == "DELETED",
-    )
-
-    seen = [(e["type"], e["object"]["metadata"]["labels"]["watched"]) for e in events]
-    assert seen[0] == ("ADDED", "yes") and seen[-1] == ("DELETED", "no")
-    assert set(seen[1:-1]) <= {("MODIFIED", "yes")}  # the Job controller may write its status meanwhile
-    with kube.client() as client:
-        client.delete(f"{JOBS}/{name}", params={"propagationPolicy": "Background"}).raise_for_status()
+    assert response.status_code == 405
 
 
 def test_a_watch_from_a_forgotten_resource_version_gets_an_error_event_with_410_expired(
@@ -181,18 +156,3 @@ async def test_dropped_watches_end_cleanly_or_break_mid_stream(kube: KubeStandIn
 
     dropped, outcome = await drop_during_a_watch(kube, reset=True)
     assert dropped >= 1 and outcome == "broken"
-
-
-def test_watch_true_on_an_object_path_watches_that_object(kube: KubeStandIn) -> None:
-    name, other = unique_name(), unique_name()
-    with kube.client() as client:
-        for job in (name, other):
-            client.post(JOBS, json=sleeping_job(job)).raise_for_status()
-        with client.stream(
-            "GET", f"{JOBS}/{name}", params={"watch": "true", "timeoutSeconds": 5}
-        ) as response:
-            first = json.loads(next(response.iter_lines()))
-        for job in (name, other):
-            client.delete(f"{JOBS}/{job}", params={"propagationPolicy": "Background"}).raise_for_status()
-
-    assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", name)

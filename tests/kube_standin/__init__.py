@@ -4,12 +4,12 @@ A test double, not part of keraunos: it lives under tests/ (importable as `kube_
 pytest puts tests/ on `sys.path`) and is not in the wheel.
 
 `start_kube(workdir)` starts `python -m kube_standin` on a free loopback port and returns a
-`KubeStandIn`: its `base_url`, the `kubeconfig_path` a client (kr8s, the official client, kubectl)
-loads, and `controls` to steer it (inject failures, count requests, drop watches, forget the watch
-history, delete a Job underneath a client). It serves Pods, Namespaces and batch/v1 Jobs with the
-real server's discovery, resourceVersions, watches, `Status` errors and Pod logs, and a node that runs
-each Job's first container `command` + `args` as a local process (the image is ignored). See
-docs/kube-stand-in.md.
+`KubeStandIn`: its `base_url`, the `kubeconfig_path` a client (kr8s, the runner) loads, and
+`controls` to steer it (inject failures, count requests, drop watches, forget the watch history,
+delete a Job underneath a client). It serves what keraunos's Kubernetes runner calls
+(keraunos/controller/runners/_k8s_api.py) with the real server's resourceVersions, watches,
+`Status` errors and Pod logs, and a node that runs each Job's first container `command` + `args`
+as a local process (the image is ignored). See docs/kube-stand-in.md.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class KubeControls:
         message: str = "",
         retry_after_seconds: int = 1,
     ) -> None:
-        """Answer the next `count` requests of `verb` (`create`, `list`, `watch`, ..., `*`) on `resource`
+        """Answer the next `count` requests of `verb` (`create`, `get`, `list`, `watch`, `delete`, `*`) on `resource`
         (`jobs`, `pods`, `pods/log`, `*`) with `code` and a real-looking `Status` (RBAC wording for 403).
 
         kr8s retries a 401/403 three times before raising, so a 403 it should see needs `count=4`.
@@ -113,16 +113,9 @@ class KubeControls:
         """Drop the watch history: a watch from any older resourceVersion now gets 410 Expired."""
         return self._call("POST", "history/forget")["compacted"]
 
-    def delete_underneath(
-        self,
-        name: str,
-        *,
-        resource: str = "jobs",
-        namespace: str | None = None,
-        propagation: str = "Background",
-    ) -> dict[str, Any]:
-        """Delete an object as someone else would (not counted, never faulted); Pods of a Job go too."""
-        body: dict[str, Any] = {"resource": resource, "name": name, "propagationPolicy": propagation}
+    def delete_underneath(self, name: str, *, namespace: str | None = None) -> dict[str, Any]:
+        """Delete a Job as someone else would (Background; not counted, never faulted): its Pods go too."""
+        body: dict[str, Any] = {"name": name}
         if namespace is not None:
             body["namespace"] = namespace
         return self._call("POST", "delete", body)
@@ -130,14 +123,6 @@ class KubeControls:
     def state(self) -> dict[str, Any]:
         """`{resourceVersion, compacted, openWatches, processes: [{namespace, pod, pid}]}`."""
         return self._call("GET", "state")
-
-    def wait_for_watches(self, count: int, timeout: float = 10.0) -> None:
-        """Wait until at least `count` watches are open (e.g. a client re-established its watch)."""
-        deadline = time.monotonic() + timeout
-        while self.state()["openWatches"] < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"fewer than {count} watches open after {timeout} s")
-            time.sleep(0.05)
 
 
 @dataclass

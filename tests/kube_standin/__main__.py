@@ -15,10 +15,10 @@ def kube_stand_in_app() -> typer.Typer:
     return settings_command(
         StandInConfig,
         name="kube-stand-in",
-        doc="Run a Kubernetes API server stand-in for tests: Pods, Namespaces and batch/v1 Jobs with "
-        "discovery, watches and Pod logs, and a node that runs each Job's container command as a local "
-        "process. Test controls under /stand-in/. Precedence: flag > environment variable > --config "
-        "file > default.",
+        doc="Run a Kubernetes API server stand-in for tests (a test double, not part of keraunos): the "
+        "batch/v1 Job, Pod list, Pod log and watch calls keraunos's Kubernetes runner makes, and a node "
+        "that runs each Job's container command as a local process. Test controls under /stand-in/. "
+        "Precedence: flag > environment variable > --config file > default.",
         run=serve,
     )
 

@@ -35,10 +35,8 @@ class StandInConfig(LayeredSettings):
         description="Bearer token clients must send (401 otherwise); empty: no authentication.",
     )
     namespace: str = Field(
-        default="default", description="Namespace of the kubeconfig's context; it exists from the start."
-    )
-    extra_namespaces: str = Field(
-        default="", description="More namespaces that exist from the start, comma-separated."
+        default="default",
+        description="The one namespace that exists (the kubeconfig's context names it); others are 404.",
     )
     workdir: str = Field(
         default="",
@@ -74,9 +72,6 @@ class StandInConfig(LayeredSettings):
         ge=0,
         description="Cap on a Pod's termination grace period: SIGTERM, then SIGKILL after at most this long.",
     )
-    follow_poll_seconds: float = Field(
-        default=0.1, gt=0, description="How often a followed Pod log (follow=true) looks for new output."
-    )
     inherit_env: str = Field(
         default="PATH,HOME,LANG,LC_ALL,TMPDIR,PYTHONPATH,VIRTUAL_ENV",
         description="Variables of the stand-in's environment that container processes also get "
@@ -92,9 +87,3 @@ class StandInConfig(LayeredSettings):
     @classmethod
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
-
-    @property
-    def namespaces(self) -> tuple[str, ...]:
-        """Every namespace that exists from the start."""
-        extra = [name.strip() for name in self.extra_namespaces.split(",") if name.strip()]
-        return tuple(dict.fromkeys([self.namespace, *extra]))

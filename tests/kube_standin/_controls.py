@@ -12,7 +12,8 @@ from typing import Any
 from kube_standin._objects import KINDS
 from kube_standin._status import REASONS, ApiError, qualified
 
-VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection", "*")
+#: The verbs the stand-in serves (see `_objects`), and `*` for any.
+VERBS = ("get", "list", "watch", "create", "delete", "*")
 
 
 @dataclass

@@ -100,7 +100,7 @@ def plan_job(
     finished_at = _finished_at(conditions)
     if finished_at is not None and memory.finished is not None:
         finished_at = memory.finished
-    if finished_at is None and "deletionTimestamp" not in job["metadata"]:
+    if finished_at is None:
         if not status.get("startTime") and not spec.get("suspend"):
             status["startTime"] = rfc3339(now)
             memory.started = now

@@ -289,10 +289,6 @@ class Kubelet:
             metadata = job["metadata"]
             namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
             pods = pods_by_job.get(uid, [])
-            if "deletionTimestamp" in metadata:  # Foreground deletion: gone once its Pods are
-                if not pods:
-                    self.api.store.remove(JOB, namespace, name)
-                continue
             plan = plan_job(
                 job, pods, self._memory.setdefault(uid, JobMemory()), now, self.config.retry_backoff_seconds
             )
@@ -300,7 +296,7 @@ class Kubelet:
                 self.api.write_status(JOB, namespace, name, plan.status)
             for pod in pods:
                 if pod["metadata"]["name"] in plan.delete_pods:
-                    self.api.delete_pod(pod, None)
+                    self.api.delete_pod(pod)
             for _ in range(plan.create_pods):
                 try:
                     self.api.create(POD, namespace, pod_for_job(job))

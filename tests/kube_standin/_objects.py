@@ -1,6 +1,10 @@
-"""The resources the stand-in serves (Pods, Namespaces, batch/v1 Jobs): discovery data, the defaults
-the real API server fills in on create, and its validation (400 for a body of the wrong shape, 422 for
-invalid values), as pure functions over plain JSON objects.
+"""The resources the stand-in serves (batch/v1 Jobs, and the Pods their controller makes), the verbs
+each takes, the defaults the real API server fills in on create, and its validation (400 for a body
+of the wrong shape, 422 for invalid values), as pure functions over plain JSON objects.
+
+The verbs are those of the runner's RBAC Role (deploy/k8s/rbac.yaml), which are every call
+keraunos/controller/runners/_k8s_api.py makes: jobs create/get/list/watch/delete, pods list,
+pods/log get. Another verb is 405 MethodNotAllowed; there is no discovery beyond `/version`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ SERVER_VERSION = {
     "platform": "linux/amd64",
 }
 
-_ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
@@ -37,15 +40,13 @@ _GENERATED_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the API server's alphabet: n
 
 @dataclass(frozen=True)
 class Kind:
-    """One served resource: where it lives in the API and how discovery describes it."""
+    """One served resource: where it lives in the API and the verbs it (and its subresources) take."""
 
     group: str
     version: str
     plural: str
-    singular: str
     kind: str
-    namespaced: bool
-    short_names: tuple[str, ...] = ()
+    verbs: tuple[str, ...]
     subresources: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
@@ -57,88 +58,16 @@ class Kind:
     def list_kind(self) -> str:
         return f"{self.kind}List"
 
-    def discovery(self) -> list[dict[str, Any]]:
-        """This resource's entries in its group version's APIResourceList."""
-        main: dict[str, Any] = {
-            "name": self.plural,
-            "singularName": self.singular,
-            "namespaced": self.namespaced,
-            "kind": self.kind,
-            "verbs": list(_ALL_VERBS),
-        }
-        if self.short_names:
-            main["shortNames"] = list(self.short_names)
-        if self.plural != "namespaces":
-            main["categories"] = ["all"]
-        subresources = [
-            {
-                "name": f"{self.plural}/{name}",
-                "singularName": "",
-                "namespaced": self.namespaced,
-                "kind": self.kind,
-                "verbs": list(verbs),
-            }
-            for name, verbs in self.subresources
-        ]
-        return [main, *subresources]
+    def takes(self, verb: str, subresource: str = "") -> bool:
+        """Whether a request of `verb` on this resource (or its `subresource`) is served."""
+        return verb in (dict(self.subresources)[subresource] if subresource else self.verbs)
 
 
-POD = Kind(
-    "",
-    "v1",
-    "pods",
-    "pod",
-    "Pod",
-    True,
-    ("po",),
-    (("log", ("get",)), ("status", ("get", "patch", "update"))),
-)
-NAMESPACE = Kind("", "v1", "namespaces", "namespace", "Namespace", False, ("ns",))
-JOB = Kind("batch", "v1", "jobs", "job", "Job", True, (), (("status", ("get", "patch", "update")),))
+POD = Kind("", "v1", "pods", "Pod", ("list",), (("log", ("get",)),))
+JOB = Kind("batch", "v1", "jobs", "Job", ("create", "get", "list", "watch", "delete"))
 
 #: Every served resource by (group, plural).
-KINDS: dict[tuple[str, str], Kind] = {(k.group, k.plural): k for k in (POD, NAMESPACE, JOB)}
-
-
-def api_resource_list(group: str, version: str) -> dict[str, Any]:
-    """The APIResourceList of one group version (`/api/v1`, `/apis/batch/v1`)."""
-    group_version = f"{group}/{version}" if group else version
-    resources = [
-        entry for k in KINDS.values() if k.group == group and k.version == version for entry in k.discovery()
-    ]
-    return {
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": group_version,
-        "resources": resources,
-    }
-
-
-def api_group(group: str) -> dict[str, Any]:
-    """The APIGroup of a named group (`/apis/batch`)."""
-    versions = sorted({k.version for k in KINDS.values() if k.group == group})
-    entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-    return {
-        "kind": "APIGroup",
-        "apiVersion": "v1",
-        "name": group,
-        "versions": entries,
-        "preferredVersion": entries[0],
-    }
-
-
-def api_group_list() -> dict[str, Any]:
-    """The APIGroupList of `/apis`."""
-    groups = sorted({k.group for k in KINDS.values() if k.group})
-    return {
-        "kind": "APIGroupList",
-        "apiVersion": "v1",
-        "groups": [_without_kind(api_group(g)) for g in groups],
-    }
-
-
-def _without_kind(obj: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+KINDS: dict[tuple[str, str], Kind] = {(k.group, k.plural): k for k in (POD, JOB)}
 
 
 def generated_name(prefix: str, rng: random.Random) -> str:
@@ -304,13 +233,6 @@ def apply_defaults(kind: Kind, obj: dict[str, Any]) -> None:
             metadata["labels"] = dict(template_meta["labels"])
         metadata["generation"] = 1
         obj["status"] = {}
-    elif kind is NAMESPACE:
-        metadata["labels"] = {
-            **(metadata.get("labels") or {}),
-            "kubernetes.io/metadata.name": metadata["name"],
-        }
-        obj["spec"] = {"finalizers": ["kubernetes"]}
-        obj["status"] = {"phase": "Active"}
 
 
 # --- validation (422 Invalid) ------------------------------------------------------------------------
@@ -322,19 +244,6 @@ def _name_causes(kind: Kind, metadata: Mapping[str, Any]) -> list[Cause]:
     name = metadata.get("name") or ""
     if not name:
         return [("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")]
-    if kind is NAMESPACE:
-        if len(name) > 63 or not _DNS_LABEL.match(name):
-            return [
-                (
-                    "metadata.name",
-                    "FieldValueInvalid",
-                    f'Invalid value: "{name}": a lowercase RFC 1123 label must consist of lower case '
-                    "alphanumeric characters or '-', and must start and end with an alphanumeric character "
-                    "(e.g. 'my-name',  or '123-abc', regex used for validation is "
-                    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
-                )
-            ]
-        return []
     if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
         return [
             (
@@ -487,16 +396,6 @@ def validate(kind: Kind, obj: Mapping[str, Any]) -> None:
         raise invalid(
             kind.kind, kind.group, metadata.get("name") or metadata.get("generateName") or "", causes
         )
-
-
-def immutable_job_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Cause]:
-    """Causes for an update that changes what a Job may not change after creation."""
-    causes: list[Cause] = []
-    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
-    for field in ("template", "selector", "completions", "completionMode", "podFailurePolicy"):
-        if old_spec.get(field) != new_spec.get(field):
-            causes.append((f"spec.{field}", "FieldValueInvalid", "Invalid value: field is immutable"))
-    return causes
 
 
 def deep_copy(obj: Any) -> Any:

@@ -1,10 +1,13 @@
-"""The HTTP face of the stand-in: an ASGI app that serves the Kubernetes REST paths of Pods,
-Namespaces and batch/v1 Jobs (with discovery, watches and Pod logs), plus the `/stand-in/` test
-controls. (`_serve.serve()` runs it under uvicorn.)
+"""The HTTP face of the stand-in: an ASGI app that serves the Kubernetes REST calls keraunos's runner
+makes (keraunos/controller/runners/_k8s_api.py), plus the `/stand-in/` test controls. (`_serve.serve()`
+runs it under uvicorn.)
 
-Paths: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/batch`, `/apis/batch/v1`, and for a resource
-`<prefix>/namespaces/NS/PLURAL[/NAME[/SUB]]`, `<prefix>/PLURAL` (all namespaces) and
-`/api/v1/namespaces[/NAME]`. Errors are `Status` objects with the real server's codes and reasons.
+Paths: `/version` (kr8s reads it when it connects), `/healthz`, `/livez`, `/readyz`,
+`/apis/batch/v1/namespaces/NS/jobs[/NAME]`, `/api/v1/namespaces/NS/pods` and
+`/api/v1/namespaces/NS/pods/NAME/log`. Query parameters: `labelSelector` on lists and watches;
+`watch`, `resourceVersion`, `timeoutSeconds` and `allowWatchBookmarks` on watches; `tailLines` on logs.
+The DELETE body's `propagationPolicy`. Errors are `Status` objects with the real server's codes and
+reasons; a verb the runner does not use (PUT, PATCH, a Pod create, ...) is 405.
 """
 
 from __future__ import annotations
@@ -21,23 +24,13 @@ from urllib.parse import parse_qsl
 
 import orjson
 import structlog
-import yaml
 
 from kube_standin._api import KubeApi, visible_event
 from kube_standin._config import StandInConfig
 from kube_standin._controls import Controls, fault_error, fault_from_json
 from kube_standin._kubelet import Kubelet
-from kube_standin._objects import (
-    KINDS,
-    POD,
-    SERVER_VERSION,
-    Kind,
-    api_group,
-    api_group_list,
-    api_resource_list,
-)
-from kube_standin._patch import PATCH_TYPES
-from kube_standin._selectors import parse_field_selector, parse_label_selector
+from kube_standin._objects import JOB, KINDS, POD, SERVER_VERSION, Kind
+from kube_standin._selectors import parse_label_selector
 from kube_standin._status import ApiError, failure_status
 from kube_standin._store import Store
 
@@ -56,7 +49,7 @@ class Target:
     """What a resource path names: a collection (`name` None) or an object, maybe a subresource."""
 
     kind: Kind
-    namespace: str | None  # None: all namespaces (or a cluster-scoped resource)
+    namespace: str
     name: str | None = None
     subresource: str = ""
 
@@ -66,54 +59,27 @@ class Target:
         return f"{self.kind.plural}/{self.subresource}" if self.subresource else self.kind.plural
 
 
-def discovery(path: str) -> dict[str, Any] | None:
-    """The body of a discovery path (`/api`, `/apis/batch/v1`, ...), None for other paths."""
-    parts = [p for p in path.split("/") if p]
-    groups = {k.group for k in KINDS.values() if k.group}
-    if parts == ["version"]:
-        return SERVER_VERSION
-    if parts == ["api"]:
-        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-    if parts == ["api", "v1"]:
-        return api_resource_list("", "v1")
-    if parts == ["apis"]:
-        return api_group_list()
-    if len(parts) == 2 and parts[0] == "apis" and parts[1] in groups:
-        return api_group(parts[1])
-    if (
-        len(parts) == 3
-        and parts[0] == "apis"
-        and any(k.group == parts[1] and k.version == parts[2] for k in KINDS.values())
-    ):
-        return api_resource_list(parts[1], parts[2])
-    return None
-
-
 def resolve(path: str) -> Target:
     """The resource a REST path names; 404 NotFound for a path the server does not serve."""
     parts = [p for p in path.split("/") if p]
     missing = ApiError(404, "the server could not find the requested resource")
     if parts[:2] == ["api", "v1"]:
         group, rest = "", parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis":
-        group, rest = parts[1], parts[3:]
-        if not any(k.group == group and k.version == parts[2] for k in KINDS.values()):
-            raise missing
+    elif parts[:3] == ["apis", "batch", "v1"]:
+        group, rest = "batch", parts[3:]
     else:
         raise missing
-    namespace: str | None = None
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        namespace, rest = rest[1], rest[2:]
-    kind = KINDS.get((group, rest[0])) if rest else None
-    if kind is None or len(rest) > 3 or (namespace is not None and not kind.namespaced):
+    if len(rest) < 3 or rest[0] != "namespaces" or len(rest) > 5:
+        raise missing
+    namespace, rest = rest[1], rest[2:]
+    kind = KINDS.get((group, rest[0]))
+    if kind is None:
         raise missing
     name = rest[1] if len(rest) >= 2 else None
     subresource = rest[2] if len(rest) == 3 else ""
     if subresource and subresource not in dict(kind.subresources):
         raise missing
-    if kind.namespaced and name is not None and namespace is None:
-        raise missing
-    return Target(kind, namespace if kind.namespaced else "", name, subresource)
+    return Target(kind, namespace, name, subresource)
 
 
 def verb_of(method: str, target: Target, query: dict[str, str]) -> str:
@@ -124,7 +90,9 @@ def verb_of(method: str, target: Target, query: dict[str, str]) -> str:
         return "get" if target.name is not None else "list"
     if method == "DELETE":
         return "delete" if target.name is not None else "deletecollection"
-    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+    if method == "POST":
+        return "create" if target.name is None else "post"
+    return {"PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
 
 class StandInApp:
@@ -140,7 +108,7 @@ class StandInApp:
         self._change = asyncio.Event()  # replaced (and set) at every change: watchers wait on it
         self.store = Store(config.history_size)
         self.api = KubeApi(
-            self.store, namespaces=config.namespaces, clock=time.time, rng=random.Random(config.seed)
+            self.store, namespaces=(config.namespace,), clock=time.time, rng=random.Random(config.seed)
         )
         self.kubelet = Kubelet(self.api, config, workdir)
         self.store.on_change = self._changed
@@ -176,8 +144,8 @@ class StandInApp:
         if token and path not in _UNAUTHENTICATED and headers.get("authorization") != f"Bearer {token}":
             await _send_json(send, 401, failure_status(401, "Unauthorized"))
             return
-        if method == "GET" and (found := discovery(path)) is not None:
-            await _send_json(send, 200, found)
+        if method == "GET" and path.rstrip("/") == "/version":
+            await _send_json(send, 200, SERVER_VERSION)
             return
         body = await _read_body(receive)
         target: Target | None = None
@@ -185,6 +153,10 @@ class StandInApp:
         try:
             target = resolve(path)
             verb = verb_of(method, target, query)
+            if not target.kind.takes(verb, target.subresource) or (verb == "watch" and target.name):
+                raise ApiError(
+                    405, f"the server does not allow this method on the requested resource ({method})"
+                )
             fault = self.controls.take_fault(verb, target.resource)
             if fault is not None:
                 raise fault_error(fault, verb, target.resource, target.namespace, target.name)
@@ -195,12 +167,9 @@ class StandInApp:
             if target.subresource == "log":
                 text = self._pod_log(target, query)
                 self.controls.record(verb, target.resource, target.namespace, target.name, 200)
-                if query.get("follow") in ("true", "1"):
-                    await self._follow_log(target, text, receive, send)
-                else:
-                    await _send(send, 200, text.encode(), [(b"content-type", b"text/plain")])
+                await _send(send, 200, text.encode(), [(b"content-type", b"text/plain")])
                 return
-            code, answer = self._handle(method, verb, target, query, headers, body)
+            code, answer = self._handle(verb, target, query, body)
         except ApiError as exc:
             if target is not None:
                 self.controls.record(verb, target.resource, target.namespace, target.name, exc.code)
@@ -215,96 +184,35 @@ class StandInApp:
         await _send_json(send, code, answer)
 
     def _handle(
-        self,
-        method: str,
-        verb: str,
-        target: Target,
-        query: dict[str, str],
-        headers: dict[str, str],
-        body: bytes,
+        self, verb: str, target: Target, query: dict[str, str], body: bytes
     ) -> tuple[int, dict[str, Any]]:
-        api, kind = self.api, target.kind
-        namespace = target.namespace or ""
+        kind, namespace = target.kind, target.namespace
         if verb == "list":
-            limit = _int_param(query, "limit", 0)
-            return 200, api.list(
-                kind,
-                target.namespace if kind.namespaced else None,
-                label_selector=query.get("labelSelector", ""),
-                field_selector=query.get("fieldSelector", ""),
-                limit=limit,
-                continue_token=query.get("continue", ""),
-            )
+            return 200, self.api.list(kind, namespace, label_selector=query.get("labelSelector", ""))
         if verb == "create":
-            if target.name is not None:
-                raise ApiError(405, "the server does not allow this method on the requested resource")
-            if kind.namespaced and target.namespace is None:
-                raise ApiError(404, "the server could not find the requested resource")
-            return 201, api.create(kind, namespace, _decode(body, headers))
-        if verb == "deletecollection":
-            return 200, api.delete_collection(
-                kind,
-                target.namespace if kind.namespaced else None,
-                label_selector=query.get("labelSelector", ""),
-                field_selector=query.get("fieldSelector", ""),
-                options=_delete_options(body, query),
-            )
+            return 201, self.api.create(kind, namespace, _decode(body))
         assert target.name is not None
-        if target.subresource and verb not in dict(kind.subresources)[target.subresource]:
-            raise ApiError(405, f"the server does not allow this method on the requested resource ({method})")
         if verb == "get":
-            return 200, api.get(kind, namespace, target.name)
-        if verb == "update":
-            return 200, api.replace(
-                kind, namespace, target.name, _decode(body, headers), subresource=target.subresource
-            )
-        if verb == "patch":
-            content_type = headers.get("content-type", "").split(";")[0].strip()
-            if content_type not in PATCH_TYPES:
-                raise ApiError(
-                    415,
-                    f"the body of the request was in an unknown format - accepted media types include: {', '.join(PATCH_TYPES)}",
-                )
-            return 200, api.patch(
-                kind,
-                namespace,
-                target.name,
-                content_type,
-                _decode(body, headers),
-                subresource=target.subresource,
-            )
-        if verb == "delete":
-            return 200, api.delete(kind, namespace, target.name, _delete_options(body, query))
-        raise ApiError(405, f"the server does not allow this method on the requested resource ({method})")
+            return 200, self.api.get(kind, namespace, target.name)
+        assert verb == "delete"
+        return 200, self.api.delete(kind, namespace, target.name, _delete_options(body))
 
     # --- watch -------------------------------------------------------------------------------------
 
     async def _watch(self, target: Target, query: dict[str, str], receive: Receive, send: Send) -> None:
-        kind = target.kind
-        namespace = target.namespace if kind.namespaced else None
+        kind, namespace = target.kind, target.namespace
         labels = parse_label_selector(query.get("labelSelector", ""))
-        field_selector = query.get("fieldSelector", "")
-        if target.name is not None:  # GET .../NAME?watch=true watches that one object
-            field_selector = f"metadata.name={target.name},{field_selector}"
-        fields = parse_field_selector(field_selector, kind.plural)
         timeout = _float_param(query, "timeoutSeconds", self.config.watch_timeout_seconds)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         since = query.get("resourceVersion", "")
-        if since not in ("", "0") and not since.isdigit():
-            raise ApiError(400, f'invalid resource version "{since}"')
-        initial: list[bytes] = []
-        if since in ("", "0"):
-            cursor = self.store.resource_version
-            for obj in self.api.list(
-                kind,
-                namespace,
-                label_selector=query.get("labelSelector", ""),
-                field_selector=field_selector,
-            )["items"]:
-                obj["kind"], obj["apiVersion"] = kind.kind, kind.api_version
-                initial.append(_line({"type": "ADDED", "object": obj}))
-        else:
-            cursor = int(since)
+        if not since.isdigit() or since == "0":
+            # The API server would start such a watch with the current objects; keraunos always lists
+            # first and watches from the list's resourceVersion, so the stand-in takes only that.
+            raise ApiError(
+                400,
+                f'invalid resource version "{since}": the stand-in watches only from a list\'s resourceVersion',
+            )
+        cursor = int(since)
         drops, reset_drops = self._drops, self._reset_drops
         disconnected = asyncio.Event()
 
@@ -325,8 +233,6 @@ class StandInApp:
                     "headers": [*_JSON, (b"transfer-encoding", b"chunked")],
                 }
             )
-            for line in initial:
-                await send({"type": "http.response.body", "body": line, "more_body": True})
             deadline = time.monotonic() + timeout
             next_bookmark = time.monotonic() + self.config.bookmark_interval_seconds
             while True:
@@ -344,7 +250,7 @@ class StandInApp:
                     break
                 for event in events:
                     cursor = event.resource_version
-                    visible = visible_event(event, kind, namespace, labels, fields)
+                    visible = visible_event(event, kind, namespace, labels)
                     if visible is not None:
                         await send({"type": "http.response.body", "body": _line(visible), "more_body": True})
                 if self._reset_drops != reset_drops:
@@ -382,70 +288,30 @@ class StandInApp:
     # --- logs --------------------------------------------------------------------------------------
 
     def _pod_log(self, target: Target, query: dict[str, str]) -> str:
-        assert target.name is not None and target.namespace is not None
+        """The log of the Pod's container, its last `tailLines` lines if given. (No `container`
+        parameter: a Pod of several containers is 400, as from the API server without one.)"""
+        assert target.name is not None
         pod = self.api.get(POD, target.namespace, target.name)
         containers = [c["name"] for c in pod["spec"]["containers"]]
-        name = query.get("container") or ""
-        if not name:
-            if len(containers) > 1:
-                raise ApiError(
-                    400,
-                    f"a container name must be specified for pod {target.name}, choose one of: [{' '.join(containers)}]",
-                )
-            name = containers[0]
-        if name not in containers:
-            raise ApiError(400, f"container {name} is not valid for pod {target.name}")
-        if query.get("previous") in ("true", "1"):
-            raise ApiError(400, f'previous terminated container "{name}" in pod "{target.name}" not found')
+        if len(containers) > 1:
+            raise ApiError(
+                400,
+                f"a container name must be specified for pod {target.name}, choose one of: [{' '.join(containers)}]",
+            )
         path = self.kubelet.log_path(pod)
-        if name != containers[0] or not path.exists():
+        if not path.exists():
             waiting = "ContainerCreating"
             for status in (pod.get("status") or {}).get("containerStatuses") or []:
                 waiting = (status.get("state") or {}).get("waiting", {}).get("reason", waiting)
-            raise ApiError(400, f'container "{name}" in pod "{target.name}" is waiting to start: {waiting}')
+            raise ApiError(
+                400, f'container "{containers[0]}" in pod "{target.name}" is waiting to start: {waiting}'
+            )
         text = path.read_text(errors="replace")
         tail = _int_param(query, "tailLines", -1)
         if tail >= 0:
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-tail:]) if tail else ""
-        limit = _int_param(query, "limitBytes", 0)
-        if limit > 0:
-            text = text.encode()[:limit].decode(errors="ignore")
         return text
-
-    async def _follow_log(self, target: Target, first: str, receive: Receive, send: Send) -> None:
-        assert target.name is not None and target.namespace is not None
-        pod = self.api.get(POD, target.namespace, target.name)
-        path = self.kubelet.log_path(pod)
-        offset = path.stat().st_size
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
-        )
-        await send({"type": "http.response.body", "body": first.encode(), "more_body": True})
-        uid = pod["metadata"]["uid"]
-        try:
-            while not self._closing:
-                running = any(
-                    p["pod"] == target.name and p["namespace"] == target.namespace
-                    for p in self.kubelet.processes()
-                )
-                with path.open("rb") as handle:
-                    handle.seek(offset)
-                    chunk = handle.read()
-                offset += len(chunk)
-                if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                current = self.store.exists(POD, target.namespace, target.name)
-                if (
-                    not running
-                    or not current
-                    or self.api.get(POD, target.namespace, target.name)["metadata"]["uid"] != uid
-                ):
-                    break
-                await asyncio.sleep(self.config.follow_poll_seconds)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass
 
     # --- test controls -----------------------------------------------------------------------------
 
@@ -496,15 +362,14 @@ class StandInApp:
         return 404, {"error": f"no control {method} {path}"}
 
     def _delete_underneath(self, data: dict[str, Any]) -> tuple[int, Any]:
-        kind = next((k for k in KINDS.values() if k.plural == data.get("resource", "jobs")), None)
-        if kind is None or not data.get("name"):
-            return 400, {"error": "give resource (jobs, pods or namespaces) and name"}
+        if not isinstance(data.get("name"), str):
+            return 400, {"error": "give the name of the Job to delete"}
         try:
             result = self.api.delete(
-                kind,
-                data.get("namespace", self.config.namespace) if kind.namespaced else "",
+                JOB,
+                data.get("namespace", self.config.namespace),
                 data["name"],
-                {"propagationPolicy": data.get("propagationPolicy", "Background")},
+                {"propagationPolicy": "Background"},
             )
         except ApiError as exc:
             return exc.code, exc.status()
@@ -535,29 +400,23 @@ def _float_param(query: dict[str, str], name: str, default: float) -> float:
         raise ApiError(400, f'invalid value for {name}: "{value}" is not a number') from None
 
 
-def _decode(body: bytes, headers: dict[str, str]) -> Any:
-    content_type = headers.get("content-type", "")
+def _decode(body: bytes) -> Any:
+    """A JSON request body (keraunos sends JSON; the stand-in reads no YAML or protobuf)."""
     try:
-        if "yaml" in content_type:
-            return yaml.safe_load(body)
         return orjson.loads(body)
-    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+    except orjson.JSONDecodeError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "invalid body"
         raise ApiError(400, f"couldn't get version/kind; json parse error: {first}") from None
 
 
-def _delete_options(body: bytes, query: dict[str, str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    if body.strip():
-        decoded = _decode(body, {})
-        if not isinstance(decoded, dict):
-            raise ApiError(400, "DeleteOptions must be a JSON object")
-        options.update(decoded)
-    if query.get("propagationPolicy"):
-        options["propagationPolicy"] = query["propagationPolicy"]
-    if query.get("gracePeriodSeconds"):
-        options["gracePeriodSeconds"] = _int_param(query, "gracePeriodSeconds", 30)
-    return options
+def _delete_options(body: bytes) -> dict[str, Any]:
+    """The DeleteOptions in a DELETE's body (keraunos sends `{"propagationPolicy": "Background"}`)."""
+    if not body.strip():
+        return {}
+    decoded = _decode(body)
+    if not isinstance(decoded, dict):
+        raise ApiError(400, "DeleteOptions must be a JSON object")
+    return decoded
 
 
 async def _read_body(receive: Receive) -> bytes:

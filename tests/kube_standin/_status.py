@@ -14,7 +14,6 @@ REASONS = {
     406: "NotAcceptable",
     409: "Conflict",
     410: "Expired",
-    415: "UnsupportedMediaType",
     422: "Invalid",
     429: "TooManyRequests",
     500: "InternalError",

@@ -17,7 +17,7 @@ from typing import Any
 from kube_standin._objects import Kind, deep_copy
 from kube_standin._status import ApiError, already_exists, not_found
 
-Key = tuple[str, str, str]  # (plural, namespace, name); namespace "" for cluster-scoped resources
+Key = tuple[str, str, str]  # (plural, namespace, name)
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,10 @@ class Event:
     plural: str
     namespace: str
     object: dict[str, Any]
-    previous: dict[str, Any] | None
 
 
 def expired(requested: int, oldest: int) -> ApiError:
-    """The 410 a watch or continue token gets when its resourceVersion is older than the history."""
+    """The 410 a watch gets when its resourceVersion is older than the history."""
     return ApiError(410, f"too old resource version: {requested} ({oldest})", reason="Expired")
 
 
@@ -41,7 +40,9 @@ class Store:
     """Objects, the resourceVersion counter and the change history; `on_change` is called after writes."""
 
     def __init__(self, history_size: int, on_change: Callable[[], None] | None = None) -> None:
-        self.resource_version = 0
+        #: Starts at 1, as etcd's revision does: a list never answers resourceVersion "0" (which a
+        #: watch would read as "any version").
+        self.resource_version = 1
         #: The newest resourceVersion whose event is no longer kept: watches from below it get 410.
         self.compacted = 0
         self._objects: dict[Key, dict[str, Any]] = {}
@@ -49,14 +50,7 @@ class Store:
         self._history_size = history_size
         self.on_change = on_change
 
-    def _write(
-        self,
-        event_type: str,
-        kind: Kind,
-        namespace: str,
-        obj: dict[str, Any],
-        previous: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+    def _write(self, event_type: str, kind: Kind, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
         self.resource_version += 1
         obj["metadata"]["resourceVersion"] = str(self.resource_version)
         key = (kind.plural, namespace, obj["metadata"]["name"])
@@ -64,9 +58,7 @@ class Store:
             del self._objects[key]
         else:
             self._objects[key] = obj
-        self._history.append(
-            Event(self.resource_version, event_type, kind.plural, namespace, deep_copy(obj), previous)
-        )
+        self._history.append(Event(self.resource_version, event_type, kind.plural, namespace, deep_copy(obj)))
         while len(self._history) > self._history_size:
             self.compacted = self._history.popleft().resource_version
         if self.on_change is not None:
@@ -97,22 +89,21 @@ class Store:
         name = obj["metadata"]["name"]
         if (kind.plural, namespace, name) in self._objects:
             raise already_exists(kind.group, kind.plural, name)
-        return self._write("ADDED", kind, namespace, deep_copy(obj), None)
+        return self._write("ADDED", kind, namespace, deep_copy(obj))
 
     def update(self, kind: Kind, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Replace a stored object with `obj` (a MODIFIED event); 404 if it is gone."""
         key = (kind.plural, namespace, obj["metadata"]["name"])
-        previous = self._objects.get(key)
-        if previous is None:
+        if key not in self._objects:
             raise not_found(kind.group, kind.plural, key[2])
-        return self._write("MODIFIED", kind, namespace, deep_copy(obj), deep_copy(previous))
+        return self._write("MODIFIED", kind, namespace, deep_copy(obj))
 
     def remove(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         """Delete a stored object (a DELETED event); its last state is returned."""
         current = self._objects.get((kind.plural, namespace, name))
         if current is None:
             raise not_found(kind.group, kind.plural, name)
-        return self._write("DELETED", kind, namespace, deep_copy(current), deep_copy(current))
+        return self._write("DELETED", kind, namespace, deep_copy(current))
 
     def events_after(self, resource_version: int) -> list[Event]:
         """The events after `resource_version`, oldest first; 410 Expired if some are no longer kept."""
