@@ -18,6 +18,10 @@ triplet form otherwise (a v1.0 server answers `/api/info` with 404).
 
 `pause_and_drain` / `resume` bracket a weight update: new proxied calls are refused (429) while the
 ones in flight finish.
+
+`pending` lists the groups created but not handed back yet (async carry-over), for the run's
+checkpoint; `adopt` takes them over again in a resumed run (the same ids: creation returns the
+rollouts as they are, finished or not), so they are trained on once and none is created twice.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from keraunos.protocol import RolloutConfig
 from keraunos.training._data import CompletedRollout
 from keraunos.training._outcome import FailedPolicy, SiblingOutcome, settle_group
 from keraunos.training._read import ReadResult, TripletReadError, read_events_json
+from keraunos.training.trainer import PendingGroup
 
 log = structlog.get_logger("keraunos.training.collect")
 
@@ -242,6 +247,20 @@ class RolloutCollector:
         log.info("collected", step=step, **metrics)
         return CollectedBatch(step, groups, metrics)
 
+    def pending(self) -> list[PendingGroup]:
+        """The groups created but not returned by `collect` yet (in flight or complete), oldest first."""
+        groups = [(g.step, g.index, g.row) for g in self._in_flight.values()]
+        groups += [(g.step, g.index, g.row) for g in self._ready]
+        return [PendingGroup(step, index, row) for step, index, row in sorted(groups, key=lambda g: g[:2])]
+
+    async def adopt(self, groups: Iterable[PendingGroup]) -> None:
+        """Take over groups an earlier process created (`pending` of its checkpoint): they are
+        created again under their own ids, which returns the existing rollouts, and then waited for
+        like the collector's own."""
+        counts: Counter[str] = Counter()
+        await self._create([(g.step, g.index, g.row) for g in groups], counts)
+        log.info("adopted pending groups", groups=counts["groups_submitted"])
+
     async def pause_and_drain(self, timeout_s: float) -> DrainReport:
         """Pause the proxy and wait up to `timeout_s` for the model calls in flight to finish."""
         body = {"retry_after_seconds": self.config.pause_retry_after_s, "reason": "weight update"}
@@ -295,11 +314,14 @@ class RolloutCollector:
     async def _submit(
         self, step: int, rows: Iterable[Any], index: Iterator[int], counts: Counter[str]
     ) -> None:
-        """Create `n` rollouts for each row, in chunks; existing ids come back unchanged."""
+        """Create a group for each row, numbered by `index` within `step`."""
+        await self._create([(step, next(index), row) for row in rows], counts)
+
+    async def _create(self, groups: list[tuple[int, int, Any]], counts: Counter[str]) -> None:
+        """Create `n` rollouts for each (step, index, row), in chunks; existing ids come back unchanged."""
         items: list[dict[str, Any]] = []
         now = time.monotonic()
-        for row in rows:
-            i = next(index)
+        for step, i, row in groups:
             group_id = f"{self.config.run_id}.s{step}.i{i}"
             rollout_ids = [f"{group_id}.{k}" for k in range(self.config.n)]
             self._in_flight[group_id] = _Group(group_id, step, i, row, rollout_ids, now)

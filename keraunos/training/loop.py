@@ -13,7 +13,8 @@ One step (`TrainingLoop.step`):
 
 The run around it (`train`): read the dataset, start the embedded gateway and controller
 (`keraunos.training.stack`), open the backend (`keraunos.training.backends.open_backend`, restored
-from the newest checkpoint on resume), run the steps, checkpoint, write the summary. The backend is
+from the newest checkpoint on resume), run the steps, checkpoint (every `checkpoint_every` steps:
+the weights with the loop's `RunState`, the commit point of a step), write the summary. The backend is
 used only through the `Trainer` protocol (keraunos.training.trainer). Step records go to
 `RUN_DIR/metrics.jsonl`, TensorBoard and the console (`keraunos.training.records`) and to the
 Prometheus metrics (`keraunos.training.metrics`). See docs/training-loop.md.
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -41,11 +43,11 @@ from keraunos.training.collect import CollectedBatch, RolloutCollector
 from keraunos.training.dataset import endless_rows, read_dataset
 from keraunos.training.errors import TrainError
 from keraunos.training.metrics import TrainerMetrics, serve_trainer_metrics
-from keraunos.training.records import MetricsSink, read_record, step_metrics, summarize
+from keraunos.training.records import MetricsSink, keep_steps_before, read_record, step_metrics, summarize
 from keraunos.training.registry import EndpointRegistry
 from keraunos.training.stack import Child, start_controller, start_gateway
 from keraunos.training.train_config import TrainConfig
-from keraunos.training.trainer import Trainer
+from keraunos.training.trainer import RunState, Trainer
 from keraunos.training.trajectories import Rows, TrajectoryConfig, build_rows
 
 __all__ = ["TrainError", "TrainingLoop", "train"]
@@ -53,6 +55,10 @@ __all__ = ["TrainError", "TrainingLoop", "train"]
 log = structlog.get_logger("keraunos.training.loop")
 
 T = TypeVar("T")
+
+#: How long a resumed run waits for the gateway and controller of the run it continues to stop (a
+#: controller whose gateway died first retries its reports for its lease, 30 s by default).
+PREVIOUS_EXIT_TIMEOUT_S = 90.0
 
 
 class TrainingLoop:
@@ -127,16 +133,19 @@ class TrainingLoop:
             train=train,
             timings=timings,
         )
-        self.sink.write(record)
+        self.sink.write(record, consumed=[r.rollout_id for r in rollouts])
         self._steps_done += 1
         return record
 
     def _check_failures(self, step: int, metrics: dict[str, float]) -> None:
-        """Stop when every rollout of the first step failed (a broken agent, not bad luck)."""
+        """Stop when every rollout of the run's first step failed (a broken agent, not bad luck).
+
+        Not on the first step of a resumed run: the rollouts a crash stopped fail then.
+        """
         created = metrics.get("rollouts_created", 0.0)
         failed = metrics.get("failed_rollouts", 0.0) + metrics.get("timed_out_rollouts", 0.0)
         if created and failed >= created:
-            if self._steps_done == 0:
+            if self._steps_done == 0 and step == 0:
                 raise TrainError(
                     f"all {int(created)} rollouts of step {step} failed or timed out; see {self.agent_logs}"
                 )
@@ -218,6 +227,10 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
             "continue it with resume: true, or pick another run_dir"
         )
     previous = _read_json(run_dir / "run.json")
+    if earlier:
+        # A run killed outright leaves its gateway and controller to stop on their own (they hold
+        # the ledger and the controller's state directory until they have).
+        await _wait_for_exit(previous.get("pids", {}), timeout_s=PREVIOUS_EXIT_TIMEOUT_S)
     if not config.tiny and not has_model(config.model):
         raise TrainError(
             f"{config.model} holds no model (no config.json); add tiny: true to build a tiny one"
@@ -258,15 +271,16 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
         "endpoints": trainer.endpoints,
         "served_model_name": config.served_model_name,
         "run_id": collector_settings.run_id,
+        "pids": {child.name: child.process.pid for child in children},
     }
     (run_dir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n", encoding="utf-8")
 
-    first = trainer.steps_done
-    if metrics_path.is_file():
-        # Steps after the checkpoint resumed from are run again: their old lines go.
-        kept = [line for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        kept = [line for line in kept if read_record(line)["step"] < first]
-        metrics_path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    # Resumed: the first step no checkpoint covers, with the dataset where that checkpoint left it.
+    state = trainer.restored or RunState()
+    first = state.completed_steps
+    # Steps after the checkpoint resumed from are run again: their old lines go.
+    keep_steps_before(metrics_path, first)
+    keep_steps_before(run_dir / "consumed.jsonl", first)
     sink = MetricsSink(
         run_dir, total_steps=config.steps, progress=config.progress, tensorboard=config.tensorboard
     )
@@ -287,14 +301,22 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
                 if config.controller == "embedded"
                 else "the agents' logs",
             )
-            source = endless_rows(rows, shuffle=config.shuffle, seed=config.seed)
-            # Resumed: the rows the earlier steps took (exact in sync mode) are skipped.
-            source = itertools.islice(source, first * config.batch_size, None)
+            # The same endless order as the first run, from where the checkpoint left it; rows of
+            # steps that ran after it are taken again, under the same rollout ids.
+            source = _Counted(
+                itertools.islice(
+                    endless_rows(rows, shuffle=config.shuffle, seed=config.seed), state.rows_taken, None
+                )
+            )
+            # Groups created before the checkpoint and not trained on yet (async carry-over).
+            await collector.adopt(state.pending)
             for step in range(first, config.steps):
                 metrics.observe_step(await loop.step(step, source))
-                if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-                    trainer.checkpoint(checkpoints)
-        trainer.checkpoint(checkpoints)
+                last = step + 1 == config.steps
+                if last or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0):
+                    sink.phase("checkpointing")
+                    done = RunState(step + 1, state.rows_taken + source.taken, tuple(collector.pending()))
+                    await asyncio.to_thread(trainer.checkpoint, checkpoints, done)
     finally:
         await registry.unregister(trainer.endpoints)
         await registry.close()
@@ -305,6 +327,19 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     summary.update({"run_dir": str(run_dir), "metrics": str(sink.path), "gateway": gateway})
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+class _Counted(Iterator[Any]):
+    """An iterator that counts what was taken from it (the dataset rows the collector read)."""
+
+    def __init__(self, source: Iterator[Any]) -> None:
+        self._source = source
+        self.taken = 0
+
+    def __next__(self) -> Any:
+        item = next(self._source)
+        self.taken += 1
+        return item
 
 
 def _open_backend(config: TrainConfig, checkpoints: Path) -> Trainer:
@@ -323,6 +358,38 @@ def _open_backend(config: TrainConfig, checkpoints: Path) -> Trainer:
         ) from None
     except KeraunosError as exc:
         raise TrainError(str(exc)) from None
+
+
+async def _wait_for_exit(pids: dict[str, int], *, timeout_s: float) -> None:
+    """Wait until none of `pids` (name -> process id) runs any more; `TrainError` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    for name, pid in pids.items():
+        if _running(pid):
+            log.warning("waiting for the previous run's process to stop", process=name, pid=pid)
+        while _running(pid):
+            if time.monotonic() > deadline:
+                raise TrainError(
+                    f"the previous run's {name} (pid {pid}) is still running after {timeout_s:.0f}s; "
+                    "stop it, then resume"
+                )
+            await asyncio.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (a zombie is known on Linux only)."""
+    if not Path("/proc").is_dir():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return status.rpartition(")")[2].split()[0] != "Z"
 
 
 def _read_json(path: Path) -> dict[str, Any]:

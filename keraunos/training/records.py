@@ -1,10 +1,12 @@
 """Step records: one flat dict of metrics per training step, where they go (metrics.jsonl,
-TensorBoard, the console) and the run's summary made from them."""
+TensorBoard, the console) and the run's summary made from them; beside them, consumed.jsonl: the
+rollouts each step trained on."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +79,9 @@ class MetricsSink:
 
     def __init__(self, run_dir: Path, *, total_steps: int, progress: bool, tensorboard: bool) -> None:
         self.path = run_dir / "metrics.jsonl"
+        self.consumed_path = run_dir / "consumed.jsonl"
         self._file = self.path.open("a", encoding="utf-8")
+        self._consumed = self.consumed_path.open("a", encoding="utf-8")
         self._writer: Any = None
         if tensorboard:
             try:
@@ -108,11 +112,14 @@ class MetricsSink:
         if self._progress is not None:
             self._progress.update(self._task, description=text)
 
-    def write(self, record: dict[str, float]) -> None:
-        """Record one step everywhere."""
+    def write(self, record: dict[str, float], consumed: Sequence[str] = ()) -> None:
+        """Record one step everywhere, and the ids of the rollouts it trained on (`consumed`)."""
+        step = int(record["step"])
+        line = {"step": step, "version": int(record["version"]), "rollouts": list(consumed)}
+        self._consumed.write(json.dumps(line) + "\n")
+        self._consumed.flush()
         self._file.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n")
         self._file.flush()
-        step = int(record["step"])
         if self._writer is not None:
             for key, value in record.items():
                 if key != "step" and math.isfinite(value):
@@ -129,6 +136,21 @@ class MetricsSink:
         if self._writer is not None:
             self._writer.close()
         self._file.close()
+        self._consumed.close()
+
+
+def keep_steps_before(path: Path, first: int) -> None:
+    """Drop the JSONL lines of steps `first` and later from `path` (if it exists), atomically.
+
+    A resumed run repeats the steps its checkpoint does not cover: their old lines go, so every
+    step is recorded once.
+    """
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines() if _step_of(line) < first]
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
 
 
 def console_line(record: dict[str, float]) -> str:
@@ -148,6 +170,14 @@ def console_line(record: dict[str, float]) -> str:
         f" dropped {int(dropped)}"
         f" v{int(record['version'])} {record.get('time/step', 0.0):.1f}s"
     )
+
+
+def _step_of(line: str) -> float:
+    """The step of a JSONL line; infinity for a blank or torn one (a kill in the middle of a write)."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -151,11 +151,18 @@ class TrainConfig(LayeredSettings):
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
     resume: bool = Field(
         default=False,
-        description="Continue the run in run_dir from its latest checkpoint (weights, optimizer, step; "
-        "the rollout ids continue); without it a run_dir holding an earlier run is refused.",
+        description="Continue the run in run_dir after the last step its latest checkpoint covers "
+        "(weights, optimizer, dataset position, carried-over groups; the rollout ids continue); "
+        "without it a run_dir holding an earlier run is refused.",
     )
     checkpoint_every: int = Field(
-        default=0, ge=0, description="Save a checkpoint every N steps (0: only after the last step)."
+        default=1,
+        ge=0,
+        description="Save a checkpoint every N steps, and after the last one (0: only after the last); "
+        "a killed run repeats at most the N-1 steps after its latest checkpoint.",
+    )
+    keep_checkpoints: int = Field(
+        default=2, ge=0, description="Keep the newest N checkpoints, remove older ones (0: keep all)."
     )
 
     # -- time constants -------------------------------------------------------------------------

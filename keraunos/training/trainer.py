@@ -9,16 +9,64 @@ members, in this order each step:
 
 and `checkpoint` every few steps. A backend is opened by `keraunos.training.backends.open_backend`,
 which also restores it from a checkpoint when the run resumes; `loop.py` imports no backend.
+
+A checkpoint is the run's commit point: it holds the weights *and* the loop's `RunState` (steps
+completed, dataset rows taken, the groups created but not yet trained on), saved together, so a run
+killed at any moment resumes at the first step no checkpoint covers (docs/training-loop.md
+"Resume").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from keraunos.training.trajectories import Rows
+
+
+@dataclass(frozen=True)
+class PendingGroup:
+    """A group of rollouts created on the gateway but not trained on yet (async carry-over): its
+    step and place in that step (its rollout ids follow from them) and its dataset row."""
+
+    step: int
+    index: int
+    row: Any
+
+
+@dataclass(frozen=True)
+class RunState:
+    """Where a run stands after its last completed step; saved with every checkpoint.
+
+    `completed_steps` counts loop steps, not updates: a step without rows or with a skipped update
+    counts too, so the next step's number (and its rollout ids) is never one a checkpoint covers.
+    `rows_taken` is how far into the endless dataset order the collector read; `pending` the groups
+    it had created but not handed back (async mode), which the resumed run takes over.
+    """
+
+    completed_steps: int = 0
+    rows_taken: int = 0
+    pending: tuple[PendingGroup, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (dataset rows are JSON values already)."""
+        return {
+            "completed_steps": self.completed_steps,
+            "rows_taken": self.rows_taken,
+            "pending": [{"step": g.step, "index": g.index, "row": g.row} for g in self.pending],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunState:
+        """The state `to_json` wrote."""
+        return cls(
+            completed_steps=int(data["completed_steps"]),
+            rows_taken=int(data["rows_taken"]),
+            pending=tuple(PendingGroup(int(g["step"]), int(g["index"]), g["row"]) for g in data["pending"]),
+        )
 
 
 @runtime_checkable
@@ -36,8 +84,8 @@ class Trainer(Protocol):
         ...
 
     @property
-    def steps_done(self) -> int:
-        """Updates applied so far (restored from a checkpoint on resume); the next step's number."""
+    def restored(self) -> RunState | None:
+        """The run state saved with the checkpoint this backend was restored from (None: a fresh start)."""
         ...
 
     @property
@@ -57,9 +105,10 @@ class Trainer(Protocol):
         """Make the serving side serve the current weights; the version it serves from now on."""
         ...
 
-    def checkpoint(self, directory: Path) -> Path:
-        """Save everything a resume needs under `directory` (one entry per update count, kept when it
-        exists already); the entry's path."""
+    def checkpoint(self, directory: Path, state: RunState) -> Path:
+        """Save the weights, everything else the backend needs to continue, and `state` under
+        `directory`, atomically (one entry per `state.completed_steps`, kept when it exists already;
+        older entries beyond the run's `keep_checkpoints` removed); the entry's path."""
         ...
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from keraunos.training.collect import CollectedBatch, DrainReport, RolloutGroup
 from keraunos.training.loop import TrainError, TrainingLoop
 from keraunos.training.records import MetricsSink
 from keraunos.training.train_config import TrainConfig
-from keraunos.training.trainer import Trainer
+from keraunos.training.trainer import RunState, Trainer
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +46,7 @@ class Recorder:
         self.metrics = metrics
         self.train = train
         self.version = 0
-        self.steps_done = 0
+        self.restored = None
         self.tokenizer = None
         self.endpoints = ["http://127.0.0.1:1/v1"]
 
@@ -78,7 +78,7 @@ class Recorder:
         self.version += 1
         return self.version
 
-    def checkpoint(self, directory: Path) -> Path:
+    def checkpoint(self, directory: Path, state: RunState) -> Path:
         return directory
 
     def close(self) -> None:

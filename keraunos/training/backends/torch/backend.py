@@ -2,8 +2,10 @@
 `ModelServer` that serves its weights (docs/serving.md says why they share a process).
 
 `TorchBackend.open` turns the run's `TrainConfig` into the trainer's and the server's configs,
-restores the trainer from the newest checkpoint when asked, and starts the server; `publish`
-swaps the trained weights into the server in place (its version goes up by one).
+restores the trainer (and the loop's `RunState` saved with it) from the newest checkpoint when
+asked, and starts the server; `publish` swaps the trained weights into the server in place (its
+version goes up by one); `checkpoint` writes `step-<completed steps>` and keeps the newest
+`keep_checkpoints`.
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ import numpy as np
 from keraunos.serving.config import ServeConfig
 from keraunos.serving.server import ModelServer, RunningServer
 from keraunos.training.backends.torch.batch import TrainBatch
-from keraunos.training.backends.torch.checkpoint import latest_checkpoint, step_dir
+from keraunos.training.backends.torch.checkpoint import (
+    latest_checkpoint,
+    prune_checkpoints,
+    read_checkpoint,
+    step_dir,
+)
 from keraunos.training.backends.torch.trainer import TorchTrainer, TorchTrainerConfig
 from keraunos.training.train_config import TrainConfig
+from keraunos.training.trainer import RunState
 from keraunos.training.trajectories import Rows
 
 
@@ -57,12 +65,21 @@ class TorchBackend:
     """A `Trainer` (keraunos.training.trainer): one `TorchTrainer`, one in-process `ModelServer`."""
 
     def __init__(
-        self, trainer: TorchTrainer, server: ModelServer, running: RunningServer, temperature: float
+        self,
+        trainer: TorchTrainer,
+        server: ModelServer,
+        running: RunningServer,
+        temperature: float,
+        *,
+        restored: RunState | None = None,
+        keep_checkpoints: int = 0,
     ) -> None:
         self.trainer = trainer
         self.server = server
         self._running = running
         self._temperature = temperature
+        self._restored = restored
+        self._keep = keep_checkpoints
 
     @classmethod
     def open(cls, config: TrainConfig, *, checkpoints: Path | None = None) -> TorchBackend:
@@ -75,10 +92,19 @@ class TorchBackend:
 
         transformers_logging.disable_progress_bar()  # the run's own progress bar is the one to watch
         settings = trainer_config(config)
+        restored: RunState | None = None
         if checkpoints is not None:
             found = latest_checkpoint(checkpoints)
             if found is None:
                 raise FileNotFoundError(f"{checkpoints} holds no checkpoint")
+            info = read_checkpoint(found)
+            # A checkpoint written before the loop saved its state: one step per update was all
+            # that could be known then.
+            restored = (
+                RunState.from_json(info.run_state)
+                if info.run_state is not None
+                else RunState(completed_steps=info.step, rows_taken=info.step * config.batch_size)
+            )
             trainer = TorchTrainer.resume(found, settings)
         else:
             trainer = TorchTrainer(settings)
@@ -86,7 +112,14 @@ class TorchBackend:
         if trainer.global_step:
             # Resumed: serve the checkpoint's weights, with the version they had.
             server.load_weights(trainer.state_dict(), version=trainer.global_step)
-        return cls(trainer, server, server.start(), config.temperature)
+        return cls(
+            trainer,
+            server,
+            server.start(),
+            config.temperature,
+            restored=restored,
+            keep_checkpoints=config.keep_checkpoints,
+        )
 
     @property
     def tokenizer(self) -> Any:
@@ -97,8 +130,8 @@ class TorchBackend:
         return int(self.server.version)
 
     @property
-    def steps_done(self) -> int:
-        return int(self.trainer.global_step)
+    def restored(self) -> RunState | None:
+        return self._restored
 
     @property
     def endpoints(self) -> list[str]:
@@ -110,10 +143,12 @@ class TorchBackend:
     def publish(self) -> int:
         return int(self.server.load_weights(self.trainer.state_dict()))
 
-    def checkpoint(self, directory: Path) -> Path:
-        path = step_dir(directory, self.trainer.global_step)
-        if not path.exists():  # a skipped update keeps the step, and its checkpoint
-            self.trainer.save_checkpoint(path)
+    def checkpoint(self, directory: Path, state: RunState) -> Path:
+        path = step_dir(directory, state.completed_steps)
+        if not path.exists():  # the last step's checkpoint may have been written already
+            self.trainer.save_checkpoint(path, run_state=state.to_json())
+        if self._keep:
+            prune_checkpoints(directory, self._keep)
         return path
 
     def close(self) -> None:

@@ -8,10 +8,13 @@ Layout of one checkpoint directory:
     trainer.safetensors     the optimizer state (one tensor per parameter and state key, named
                             `optimizer/<parameter>/<key>`) and the random number generator states
                             (`rng/cpu`, `rng/cuda/<i>`); its metadata holds `format`, `step`, the
-                            trainer config and the optimizer's parameter groups, as JSON
+                            trainer config and the optimizer's parameter groups, as JSON, and the
+                            training loop's `run_state` (keraunos.training.trainer.RunState) when
+                            the loop saved one
 
 A checkpoint is written under a temporary name and renamed into place, so a directory with the
-final name is always complete; an existing one is never overwritten.
+final name is always complete; an existing one is never overwritten. The weights and the loop's
+state are in the same directory, so a run killed at any moment finds both of one step or neither.
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ class CheckpointError(KeraunosError, RuntimeError):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a checkpoint says about itself: the step it was taken after and the trainer config."""
+    """What a checkpoint says about itself: the trainer's update count (`step`), its config, and
+    the training loop's run state (None in checkpoints written without one)."""
 
     path: Path
     step: int
     config: dict[str, Any]
+    run_state: dict[str, Any] | None = None
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -67,6 +72,26 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return max(found)[1] if found else None
 
 
+def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` highest `step-<n>` directories under `root`; the removed ones.
+
+    Each is renamed out of the `step-<n>` pattern before its files go, so a kill halfway leaves no
+    partial checkpoint that `latest_checkpoint` could pick (the newest one is never touched).
+    """
+    root = Path(root)
+    found = sorted(
+        (int(match.group(1)), child)
+        for child in root.iterdir()
+        if (match := _STEP_DIR.match(child.name)) and child.is_dir()
+    )
+    removed = [path for _, path in found[: max(0, len(found) - keep)]]
+    for path in removed:
+        doomed = path.with_name(f".{path.name}.removing-{os.getpid()}")
+        path.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    return removed
+
+
 def save_checkpoint(
     path: str | Path,
     *,
@@ -76,11 +101,12 @@ def save_checkpoint(
     parameter_names: list[str],
     step: int,
     config: dict[str, Any],
+    run_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint to `path` (which must not exist yet); returns it.
 
     `parameter_names[i]` names the optimizer's i-th parameter, so the state is stored by name and
-    survives a change in parameter order.
+    survives a change in parameter order. `run_state` (JSON-able) is stored beside it, as it is.
     """
     path = Path(path)
     if path.exists():
@@ -100,6 +126,8 @@ def save_checkpoint(
             "config": json.dumps(config, sort_keys=True),
             "param_groups": json.dumps(groups),
         }
+        if run_state is not None:
+            metadata["run_state"] = json.dumps(run_state, sort_keys=True)
         save_file(tensors, str(tmp / STATE_FILE), metadata=metadata)
         tmp.rename(path)
     except BaseException:
@@ -117,7 +145,12 @@ def read_checkpoint(path: str | Path) -> CheckpointInfo:
     metadata = _metadata(state)
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{state} has format {metadata.get('format')!r}, expected {FORMAT!r}")
-    return CheckpointInfo(path=path, step=int(metadata["step"]), config=json.loads(metadata["config"]))
+    return CheckpointInfo(
+        path=path,
+        step=int(metadata["step"]),
+        config=json.loads(metadata["config"]),
+        run_state=json.loads(metadata["run_state"]) if "run_state" in metadata else None,
+    )
 
 
 def load_optimizer_state(

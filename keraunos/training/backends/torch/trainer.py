@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import structlog
@@ -34,10 +34,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from keraunos.training.backends.torch.batch import TrainBatch
 from keraunos.training.backends.torch.checkpoint import (
     MODEL_DIR,
+    CheckpointError,
     load_optimizer_state,
     load_rng_state,
     read_checkpoint,
     save_checkpoint,
+)
+from keraunos.training.backends.torch.distributed import (
+    current_world,
+    most,
+    padding_batch,
+    reduce_sums,
+    shard_model,
+    shard_rows,
 )
 from keraunos.training.backends.torch.loss import LossSums, policy_loss
 from keraunos.training.backends.torch.policy import PolicyLoadError, load_policy, response_logprobs
@@ -99,7 +108,13 @@ class TorchTrainer:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
-        self.device = torch.device(_pick_device(config.device))
+        # In a process group of several ranks (torchrun): FSDP2 over the ranks, each its share of
+        # every batch (keraunos.training.backends.torch.distributed).
+        self.world = current_world()
+        device = _pick_device(config.device)
+        if self.world is not None and device == "cuda":
+            device = f"cuda:{self.world.local_rank}"
+        self.device = torch.device(device)
         self.model, self.tokenizer = load_policy(
             model_dir or config.model_path,
             device=self.device,
@@ -115,6 +130,8 @@ class TorchTrainer:
                 attn_implementation=config.attn_implementation,
             )
             self.reference.requires_grad_(False)
+        if self.world is not None:
+            shard_model(self.model)  # before the optimizer: it must hold the sharded parameters
         named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         decay = [(name, p) for name, p in named if p.ndim >= 2]
         no_decay = [(name, p) for name, p in named if p.ndim < 2]
@@ -140,6 +157,10 @@ class TorchTrainer:
         clipping, micro-batch size) but the weights always come from the checkpoint.
         """
         info = read_checkpoint(path)
+        if current_world() is not None:
+            raise CheckpointError(
+                f"cannot resume {path} in a process group of several ranks yet: resume it in one process"
+            )
         config = config or TorchTrainerConfig.model_validate(info.config)
         trainer = cls(config, model_dir=info.path / MODEL_DIR)
         load_optimizer_state(info.path, trainer.optimizer, trainer.parameter_names)
@@ -198,10 +219,24 @@ class TorchTrainer:
         sums = LossSums()
         diff = _Diff()
         started = time.perf_counter()
-        for micro in batch.by_span().micro_batches(self.config.micro_batch_size):
+        size = self.config.micro_batch_size
+        if self.world is None:
+            micros, pads, scale = batch.by_span().micro_batches(size), 0, 1.0
+        else:
+            shard = shard_rows(batch, self.world)
+            micros = shard.micro_batches(size) if len(shard) else []
+            # Every rank runs as many passes as the busiest one (FSDP2's gathers are collective);
+            # FSDP2 averages the gradients over ranks, the shards' gradients must add up.
+            pads, scale = most(len(micros)) - len(micros), float(self.world.size)
+        for micro in micros:
             loss, micro_sums = self._micro_loss(micro.trimmed(), diff)
-            loss.backward()
+            (loss * scale).backward()
             sums = sums + micro_sums
+        for _ in range(pads):
+            loss, _ = self._micro_loss(padding_batch(batch).trimmed(), _Diff())
+            (loss * scale).backward()
+        if self.world is not None:
+            sums, (diff.total, diff.max, diff.tokens) = reduce_sums(sums, (diff.total, diff.max, diff.tokens))
         metrics = sums.metrics()
         metrics.update(diff.metrics())
         trained = batch.response_mask
@@ -240,7 +275,16 @@ class TorchTrainer:
         return out
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's current weights by name (live tensors: copy them, e.g. `load_state_dict`)."""
+        """The policy's current weights by name (live tensors: copy them, e.g. `load_state_dict`).
+
+        Sharded over several ranks: the full weights gathered on rank 0's CPU (a collective: every
+        rank calls it; the others get an empty dict).
+        """
+        if self.world is not None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
         return {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
 
     def save_model(self, path: str | Path) -> Path:
@@ -254,8 +298,14 @@ class TorchTrainer:
         self.tokenizer.save_pretrained(path)
         return path
 
-    def save_checkpoint(self, path: str | Path) -> Path:
-        """Write weights, tokenizer, optimizer state, step and config to the new directory `path`."""
+    def save_checkpoint(self, path: str | Path, *, run_state: dict[str, Any] | None = None) -> Path:
+        """Write weights, tokenizer, optimizer state, step and config (and the training loop's
+        `run_state`, when given) to the new directory `path`."""
+        if self.world is not None:
+            raise CheckpointError(
+                f"cannot write {path}: checkpoints of a trainer sharded over {self.world.size} ranks "
+                "are not written yet (train in one process to checkpoint)"
+            )
         written = save_checkpoint(
             path,
             model=self.model,
@@ -264,6 +314,7 @@ class TorchTrainer:
             parameter_names=self.parameter_names,
             step=self.global_step,
             config=self.config.model_dump(mode="json"),
+            run_state=run_state,
         )
         log.info("checkpoint saved", path=str(written), step=self.global_step)
         return written
