@@ -127,7 +127,7 @@ async def bench_point_reads(path: Path, args: argparse.Namespace) -> tuple[Sampl
 
 
 def _get_rollout_sync(conn, rollout_id: str):
-    from keraunos.ledger.sqlite import _SELECT_ROLLOUT, _rollout_from_row
+    from keraunos.ledger.sqlite._ledger import _SELECT_ROLLOUT, _rollout_from_row
 
     row = conn.execute(_SELECT_ROLLOUT, (rollout_id,)).fetchone()
     return None if row is None else _rollout_from_row(row)

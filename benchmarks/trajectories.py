@@ -28,8 +28,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from keraunos.ledger._triplet import dedupe_model_requests, trim_model_request
-from keraunos.ledger._triplet_delta import delta_encode
+from keraunos.ledger.codec._triplet import dedupe_model_requests, trim_model_request
+from keraunos.ledger.codec._triplet_delta import delta_encode
 from keraunos.training._data import CompletedRollout
 from keraunos.training._read import read_events_json
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages, rollout_loss_weights

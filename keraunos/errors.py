@@ -18,7 +18,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,
     │                         InvalidTransition, AttemptNotFound, AttemptConflict
-    ├── CodecError            ledger._codec: a stored record that cannot be decoded
+    ├── CodecError            ledger.codec: a stored record that cannot be decoded
     ├── GatewayError          controller.client: the gateway answered with an error
     ├── GatewayUnreachable    controller.client: the gateway could not be reached
     ├── KubeError             controller.runners._k8s_api: the Kubernetes API refused (KubeForbidden)

@@ -5,9 +5,9 @@ call k's response, then a few new ids (tool output, the next user turn, chat-tem
 places live on that fact, and all of them ask this module:
 
 - the ledger stores such a prompt as (shared length, suffix) against the previous call of its
-  attempt (`keraunos.ledger._codec`, also when it compacts a call stored in wire form);
+  attempt (`keraunos.ledger.codec`, also when it compacts a call stored in wire form);
 - the `format=triplet&delta=1` read sends it as `{prefix_of, prefix_len, suffix}`
-  (`keraunos.ledger._triplet_delta`, read back by `keraunos.training._read`);
+  (`keraunos.ledger.codec._triplet_delta`, read back by `keraunos.training._read`);
 - the trainer merges such calls into one trajectory row (`keraunos.training.trajectories`).
 
 `shared_prefix` counts the ids a prompt has in common with the previous prompt + response (the

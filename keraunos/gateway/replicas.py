@@ -44,7 +44,7 @@ from keraunos.gateway.config import GatewayConfig
 from keraunos.ledger.errors import LedgerUnavailable
 
 if TYPE_CHECKING:  # asyncpg is imported only by gateways on a PostgreSQL ledger
-    from keraunos.ledger._pg_replicas import PauseRow, PgReplicaStore, ReplicaRow
+    from keraunos.ledger.postgres._replicas import PauseRow, PgReplicaStore, ReplicaRow
 
 log = structlog.get_logger("keraunos.replicas")
 
@@ -420,7 +420,7 @@ def coordination_for(config: GatewayConfig) -> Coordination:
     if not config.db.startswith(_POSTGRES_SCHEMES):
         return LocalCoordination()
     from keraunos.ledger import postgres_dsn
-    from keraunos.ledger._pg_replicas import PgReplicaStore
+    from keraunos.ledger.postgres._replicas import PgReplicaStore
 
     settings = ReplicaSettings.from_config(config)
     store = PgReplicaStore(postgres_dsn(config.db), timeout_s=max(settings.heartbeat_timeout_s, 1.0))

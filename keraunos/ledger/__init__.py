@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from keraunos.ledger._pg_pool import PoolSettings
-from keraunos.ledger._wire import WireCall, read_json
 from keraunos.ledger.base import AttemptFence, EventDict, Ledger
+from keraunos.ledger.codec._wire import WireCall, read_json
 from keraunos.ledger.errors import (
     InvalidTransition,
     LedgerError,
@@ -15,6 +14,7 @@ from keraunos.ledger.errors import (
     RolloutNotFound,
 )
 from keraunos.ledger.postgres import PostgresLedger
+from keraunos.ledger.postgres._pool import PoolSettings
 from keraunos.ledger.sqlite import Durability, SqliteLedger
 
 _SQLITE_URL = "sqlite:///"

@@ -14,8 +14,8 @@ from typing import Any
 
 import orjson
 
-from keraunos.ledger._codec import decode_json, encode_json
 from keraunos.ledger.base import AttemptFence
+from keraunos.ledger.codec import decode_json, encode_json
 from keraunos.protocol import (
     AttemptState,
     Rollout,

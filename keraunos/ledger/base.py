@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from keraunos.ledger._wire import WireCall
+from keraunos.ledger.codec._wire import WireCall
 from keraunos.protocol import (
     MODEL_REQUEST,
     AttemptDetail,

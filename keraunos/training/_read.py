@@ -5,7 +5,7 @@ are calls whose ids cannot be read (both counted); the other samples of a call's
 `choices` of an `n > 1` call, the calls folded into it as `replaced_calls`) ride on its `Triplet`
 as `alternatives`, for the row builder to choose the one the agent went on with. The reward is the
 value of the last `reward` event that has a finite number. Delta prompts (`{"prefix_of",
-"prefix_len", "suffix"}`, see `keraunos.ledger._triplet_delta`) are resolved against the earlier
+"prefix_len", "suffix"}`, see `keraunos.ledger.codec._triplet_delta`) are resolved against the earlier
 events of the same list, into one id buffer per chain (`keraunos.prefix`): a call that continues
 its source call exactly adds only its suffix and response, and its prompt is a view. A triplet
 built that way on the triplet before it says so (`Triplet.extends_previous`), and the row builder

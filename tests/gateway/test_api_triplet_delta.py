@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keraunos.ledger._triplet_delta import delta_encode
+from keraunos.ledger.codec._triplet_delta import delta_encode
 from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, unique_id
 
 pytestmark = pytest.mark.timeout(60)

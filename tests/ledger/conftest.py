@@ -18,8 +18,8 @@ import pytest
 from prerequisites import missing
 
 from keraunos.ledger import Ledger, SqliteLedger
-from keraunos.ledger._pg_pool import PoolSettings
 from keraunos.ledger.postgres import PostgresLedger
+from keraunos.ledger.postgres._pool import PoolSettings
 from keraunos.testing.postgres import PostgresServer, postgres_missing, start_postgres
 
 MakeLedger = Callable[[], Ledger]

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keraunos.ledger import AttemptFence, InvalidTransition, Ledger, RolloutNotFound, SqliteLedger
-from keraunos.ledger._codec import encode_json
-from keraunos.ledger._sqlite_schema import LATEST_VERSION, MIGRATIONS
+from keraunos.ledger.codec import encode_json
 from keraunos.ledger.errors import AttemptConflict, AttemptNotFound
+from keraunos.ledger.sqlite._schema import LATEST_VERSION, MIGRATIONS
 from keraunos.protocol import (
     AttemptOutcome,
     AttemptState,

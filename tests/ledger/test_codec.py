@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keraunos.ledger._codec import (
+from keraunos.ledger.codec import (
     CallContext,
     CodecError,
     decode_json,
@@ -24,7 +24,7 @@ from keraunos.ledger._codec import (
     encode_json,
     encode_model_request,
 )
-from keraunos.ledger._triplet import trim_model_request
+from keraunos.ledger.codec._triplet import trim_model_request
 from keraunos.testing.calls import distinct_content_bytes, growing_prefix_rollout
 
 SMALL = {"initial_prompt": 40, "response_tokens": 6, "observation_tokens": 3, "top_logprobs": 2}

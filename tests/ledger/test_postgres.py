@@ -19,9 +19,9 @@ import asyncpg
 import pytest
 
 from keraunos.ledger import Ledger, LedgerError, LedgerUnavailable, open_ledger
-from keraunos.ledger._pg_pool import PoolSettings
-from keraunos.ledger._pg_schema import LATEST_VERSION
 from keraunos.ledger.postgres import PostgresLedger
+from keraunos.ledger.postgres._pool import PoolSettings
+from keraunos.ledger.postgres._schema import LATEST_VERSION
 from keraunos.protocol import RolloutCreate, RolloutState, RolloutStatusPatch
 from keraunos.testing.calls import growing_prefix_rollout
 from keraunos.testing.postgres import PostgresServer
@@ -82,7 +82,7 @@ def test_a_password_is_never_shown_in_messages() -> None:
 
 
 async def test_a_fresh_id_that_is_taken_is_drawn_again(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import keraunos.ledger.postgres as module
+    import keraunos.ledger.postgres._ledger as module
 
     drawn = iter(["ro-taken", "ro-taken", "ro-free"])
     async with PostgresLedger(dsn, pool=PG_POOL) as ledger:

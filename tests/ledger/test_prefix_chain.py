@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from keraunos import prefix
 from keraunos.ledger import Ledger, SqliteLedger, WireCall
-from keraunos.ledger._triplet_delta import delta_encode
+from keraunos.ledger.codec._triplet_delta import delta_encode
 from keraunos.protocol import RolloutCreate
 from keraunos.testing.calls import growing_prefix_rollout
 from keraunos.training._data import CompletedRollout, Sample, Triplet

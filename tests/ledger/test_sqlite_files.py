@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from keraunos.ledger import LedgerError, LedgerLocked, SqliteLedger, open_ledger
-from keraunos.ledger._sqlite_schema import LATEST_VERSION
+from keraunos.ledger.sqlite._schema import LATEST_VERSION
 from keraunos.protocol import RolloutCreate, RolloutState
 from keraunos.testing.calls import distinct_content_bytes, growing_prefix_rollout
 

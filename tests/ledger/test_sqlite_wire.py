@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from keraunos.ledger import SqliteLedger, WireCall
-from keraunos.ledger._wire import decode_wire, encode_wire
+from keraunos.ledger.codec._wire import decode_wire, encode_wire
 from keraunos.protocol import RolloutCreate
 from keraunos.testing.calls import growing_prefix_rollout
 

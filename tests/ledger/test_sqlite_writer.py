@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from keraunos.ledger import InvalidTransition, LedgerUnavailable, RolloutNotFound, SqliteLedger
-from keraunos.ledger._codec import CallContext
-from keraunos.ledger._sqlite_events import ContextCache
-from keraunos.ledger._sqlite_writer import GroupCommitWriter
+from keraunos.ledger.codec import CallContext
+from keraunos.ledger.sqlite._events import ContextCache
+from keraunos.ledger.sqlite._writer import GroupCommitWriter
 from keraunos.protocol import RolloutCreate, RolloutState, RolloutStatusPatch
 from keraunos.testing.calls import growing_prefix_rollout
 

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keraunos.ledger._triplet import dedupe_model_requests, trim_model_request, trim_reward
+from keraunos.ledger.codec._triplet import dedupe_model_requests, trim_model_request, trim_reward
 
 SERVER = {"model": "policy", "endpoint": "http://gpu-0:8000/v1", "version": 4}
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from keraunos.gateway.replicas import ClusterCoordination, NotAcknowledged, ReplicaSettings
-from keraunos.ledger._pg_replicas import PgReplicaStore
 from keraunos.ledger.errors import LedgerUnavailable
+from keraunos.ledger.postgres._replicas import PgReplicaStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

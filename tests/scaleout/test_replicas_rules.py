@@ -22,7 +22,7 @@ from keraunos.gateway.replicas import (
     summarize,
 )
 from keraunos.ledger import open_ledger
-from keraunos.ledger._pg_replicas import PauseRow, ReplicaRow
+from keraunos.ledger.postgres._replicas import PauseRow, ReplicaRow
 
 #: Reproducible, and no per-example deadline (the machine running the suite may be busy).
 rules = settings(derandomize=True, database=None, deadline=None, max_examples=100)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keraunos.ledger._triplet_delta import delta_encode
+from keraunos.ledger.codec._triplet_delta import delta_encode
 from keraunos.training._data import CompletedRollout
 from keraunos.training._read import TripletReadError, read_events, read_events_json
 from keraunos.training.trajectories import TrajectoryConfig, build_rows

@@ -19,7 +19,7 @@ from keraunos.gateway.api._common import (
     ledger_of,
     read_body,
 )
-from keraunos.ledger._triplet_delta import delta_encode
+from keraunos.ledger.codec._triplet_delta import delta_encode
 from keraunos.ledger.errors import RolloutNotFound
 from keraunos.protocol import DEFAULT_ATTEMPT_ID, MODEL_REQUEST, Event, EventCreate
 

@@ -10,7 +10,7 @@ import pytest
 from keraunos.gateway.proxy.record import NOT_JSON_REASON, finish_reason_of, model_request_data, usage_of
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.upstream import Answer, backoff_delay, is_retryable
-from keraunos.ledger._wire import decode_wire, encode_wire
+from keraunos.ledger.codec._wire import decode_wire, encode_wire
 from keraunos.protocol import Model
 
 

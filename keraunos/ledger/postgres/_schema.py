@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from keraunos.ledger._pg_pool import fetch_int
 from keraunos.ledger.errors import LedgerError
+from keraunos.ledger.postgres._pool import fetch_int
 
 #: Advisory lock key held while migrating ("keraschm" in ASCII), distinct from other keraunos locks.
 SCHEMA_LOCK = 0x6B65726173636D6D
@@ -59,7 +59,7 @@ MIGRATIONS: tuple[str, ...] = (
         attempt_id  text NOT NULL,
         event_type  text NOT NULL,
         timestamp   double precision NOT NULL,
-        data        bytea NOT NULL                        -- keraunos.ledger._codec encoding
+        data        bytea NOT NULL                        -- keraunos.ledger.codec encoding
     );
     CREATE INDEX events_by_attempt ON events (rollout, attempt_id, id);
 

@@ -8,7 +8,7 @@ psycopg 3's async mode is a thinner layer over libpq, and SQLAlchemy Core would 
 compiler and a second connection pool to code that writes its SQL by hand anyway (as the SQLite
 ledger does). What psycopg would give us (the sync API, the server-side COPY helpers) we do not use.
 
-How it differs from SQLite, for the same `Ledger` contract (`_pg_schema.py` has the details):
+How it differs from SQLite, for the same `Ledger` contract (`_schema.py` has the details):
 
 - `open()` takes no exclusive lock: any number of gateways open one database. The schema is
   migrated under an advisory lock, so replicas starting together take turns.
@@ -30,12 +30,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from keraunos.ledger import _pg_attempts as attempts
-from keraunos.ledger._codec import encode_json
-from keraunos.ledger._event_rows import EventRow, decode_events, decode_triplet_events
-from keraunos.ledger._pg_events import ChainCache, append_call
-from keraunos.ledger._pg_pool import Pool, PoolSettings, row_count
-from keraunos.ledger._pg_schema import migrate
 from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
@@ -49,12 +43,18 @@ from keraunos.ledger._rows import (
     transition_sources,
 )
 from keraunos.ledger.base import AttemptFence, AttemptLog, Claim, EventDict, Ledger
+from keraunos.ledger.codec import encode_json
+from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger.errors import (
     AttemptConflict,
     InvalidTransition,
     LedgerError,
     RolloutNotFound,
 )
+from keraunos.ledger.postgres import _attempts as attempts
+from keraunos.ledger.postgres._events import ChainCache, append_call
+from keraunos.ledger.postgres._pool import Pool, PoolSettings, row_count
+from keraunos.ledger.postgres._schema import migrate
 from keraunos.protocol import (
     MODEL_REQUEST,
     TERMINAL_STATES,

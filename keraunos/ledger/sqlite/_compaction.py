@@ -1,7 +1,7 @@
 """Rewrite `model_request` rows committed in wire form into the codec's compact form, in batches.
 
 A call the SQLite writer commits inline (the event loop's own turn, nothing else queued) is stored
-in wire form (`keraunos.ledger._wire`): the agent gets its answer without waiting for the encoding.
+in wire form (`keraunos.ledger.codec._wire`): the agent gets its answer without waiting for the encoding.
 The `Compactor` collects those rows and, once `batch` of them wait or `delay_s` after the first,
 hands them to the writer thread, at most `batch` per operation, to be encoded each against the
 previous call of its attempt and written over the wire row. Rows are compacted in commit order, so
@@ -24,8 +24,8 @@ from typing import Any
 
 import structlog
 
-from keraunos.ledger._codec import CodecError, encode_model_request
-from keraunos.ledger._sqlite_events import ContextCache
+from keraunos.ledger.codec import CodecError, encode_model_request
+from keraunos.ledger.sqlite._events import ContextCache
 
 # The row must still hold the wire blob: a rollout deleted meanwhile may have freed its id.
 _REPLACE = "UPDATE events SET data = ? WHERE id = ? AND data = ?"

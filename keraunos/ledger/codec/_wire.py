@@ -4,7 +4,7 @@ Encoding a call into the codec's columnar form (`encode_model_request`) costs mo
 everything else the proxy does for the call. The SQLite ledger may therefore commit a call first
 in this form, which costs next to nothing because it keeps the JSON bytes the proxy already had
 (the request body it sent upstream and the body it got back), and replace it with the compact form
-later, off the agent's path (`keraunos.ledger._sqlite_compaction`). Readers decode either.
+later, off the agent's path (`keraunos.ledger.sqlite._compaction`). Readers decode either.
 
 Blob layout (integers little-endian):
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from keraunos.ledger._codec import CodecError, decode_json, encode_json
+from keraunos.ledger.codec._plain import CodecError, decode_json, encode_json
 
 _MAGIC = b"W"
 _VERSION = 1

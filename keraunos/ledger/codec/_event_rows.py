@@ -1,9 +1,9 @@
 """Stored event rows read back into events, the same for both backends.
 
 A `model_request` is stored encoded against the previous `model_request` of its (rollout, attempt)
-in arrival order (`keraunos.ledger._codec`), so readers walk an attempt's rows in order and thread
+in arrival order (`keraunos.ledger.codec`), so readers walk an attempt's rows in order and thread
 the call context through every `model_request`. A row may also be in wire form for a while
-(`keraunos.ledger._wire`, SQLite only): it decodes on its own, and no row extends it.
+(`keraunos.ledger.codec._wire`, SQLite only): it decodes on its own, and no row extends it.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from keraunos.ledger._codec import (
+from keraunos.ledger.base import EventDict
+from keraunos.ledger.codec import (
     CallContext,
     decode_json,
     decode_model_request,
     decode_model_request_triplet,
 )
-from keraunos.ledger._triplet import dedupe_model_requests, trim_model_request, trim_reward
-from keraunos.ledger._wire import decode_wire, is_wire
-from keraunos.ledger.base import EventDict
+from keraunos.ledger.codec._triplet import dedupe_model_requests, trim_model_request, trim_reward
+from keraunos.ledger.codec._wire import decode_wire, is_wire
 from keraunos.protocol import MODEL_REQUEST
 
 REWARD = "reward"

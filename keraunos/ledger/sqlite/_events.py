@@ -3,9 +3,9 @@
 A `model_request` is encoded against the previous `model_request` of the same (rollout, attempt)
 in arrival order, so a call whose prompt extends the last one stores only what is new. The writer
 keeps the last call context of recent attempts in a `ContextCache`; on a miss the codec stores the
-call in full, which costs space but never correctness. Readers (`keraunos.ledger._event_rows`)
+call in full, which costs space but never correctness. Readers (`keraunos.ledger.codec._event_rows`)
 walk an attempt's rows in order and thread the context through every `model_request`. A row may
-also be in wire form for a while (`keraunos.ledger._wire`): it decodes on its own, and no row
+also be in wire form for a while (`keraunos.ledger.codec._wire`): it decodes on its own, and no row
 extends it.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from keraunos.ledger._codec import CallContext
+from keraunos.ledger.codec import CallContext
 
 
 class ContextCache:

@@ -1,11 +1,11 @@
 """The SQLite ledger: one file in WAL mode, one writer thread with group commit, reader threads.
 
-Writes go through `GroupCommitWriter` (`_sqlite_writer.py`): concurrent requests share one
+Writes go through `GroupCommitWriter` (`_writer.py`): concurrent requests share one
 transaction, and a call returns only after that transaction committed; with `normal` durability a
 write that finds the writer idle commits at once on the event loop, without a thread hand-off.
 Reads use their own read-only connections, which WAL never blocks behind the writer. A sidecar
-lock file keeps a second gateway off the same file (`_sqlite_lock.py`); the schema is migrated on
-open (`_sqlite_schema.py`).
+lock file keeps a second gateway off the same file (`_lock.py`); the schema is migrated on
+open (`_schema.py`).
 
 Durability: `normal` is WAL with `synchronous=NORMAL` -- a committed write survives `kill -9` of the
 process (the WAL is in the OS page cache), not a power loss. `full` is `synchronous=FULL`: the WAL is
@@ -13,8 +13,12 @@ fsynced on every commit, so it also survives power loss, at the cost of one fsyn
 
 A proxied model call (`append_model_call`) that commits inline is stored in wire form, the JSON the
 proxy already holds, and rewritten into the compact columnar form afterwards by the writer thread,
-in batches (`_sqlite_compaction.py`): encoding is the costliest part of recording a call, and this
+in batches (`_compaction.py`): encoding is the costliest part of recording a call, and this
 takes it off the agent's path whenever the gateway has time to spare.
+
+One idea over 600 lines: the `SqliteLedger` class, every method of the `Ledger` contract on one
+file, each a short hand-off of SQL (`_events.py`, `_attempts.py`) to the writer or a reader;
+splitting the class would scatter one object's lifecycle (open, the writer, the readers, close).
 """
 
 from __future__ import annotations
@@ -30,9 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from keraunos.ledger import _sqlite_attempts as attempts
-from keraunos.ledger._codec import encode_json, encode_model_request
-from keraunos.ledger._event_rows import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
@@ -44,13 +45,10 @@ from keraunos.ledger._rows import (
     transition_sources,
 )
 from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
-from keraunos.ledger._sqlite_compaction import Compactor, WireRow
-from keraunos.ledger._sqlite_events import ContextCache
-from keraunos.ledger._sqlite_lock import FileLock
-from keraunos.ledger._sqlite_schema import migrate
-from keraunos.ledger._sqlite_writer import GroupCommitWriter
-from keraunos.ledger._wire import WireCall, encode_wire
 from keraunos.ledger.base import AttemptFence, AttemptLog, Claim, EventDict, Ledger
+from keraunos.ledger.codec import encode_json, encode_model_request
+from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
+from keraunos.ledger.codec._wire import WireCall, encode_wire
 from keraunos.ledger.errors import (
     AttemptConflict,
     InvalidTransition,
@@ -58,6 +56,12 @@ from keraunos.ledger.errors import (
     LedgerUnavailable,
     RolloutNotFound,
 )
+from keraunos.ledger.sqlite import _attempts as attempts
+from keraunos.ledger.sqlite._compaction import Compactor, WireRow
+from keraunos.ledger.sqlite._events import ContextCache
+from keraunos.ledger.sqlite._lock import FileLock
+from keraunos.ledger.sqlite._schema import migrate
+from keraunos.ledger.sqlite._writer import GroupCommitWriter
 from keraunos.protocol import (
     MODEL_REQUEST,
     TERMINAL_STATES,

@@ -28,10 +28,10 @@ from keraunos.ledger._attempt_rules import (
     lost_reason,
     refusal,
 )
-from keraunos.ledger._codec import decode_json
-from keraunos.ledger._pg_pool import fetch_int
 from keraunos.ledger._rows import ROLLOUT_COLUMNS
+from keraunos.ledger.codec import decode_json
 from keraunos.ledger.errors import AttemptConflict, AttemptNotFound, RolloutNotFound
+from keraunos.ledger.postgres._pool import fetch_int
 from keraunos.protocol import (
     AttemptDetail,
     AttemptOutcome,

@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 import asyncpg
 
-from keraunos.ledger._codec import CallContext, encode_model_request
+from keraunos.ledger.codec import CallContext, encode_model_request
 from keraunos.ledger.errors import RolloutNotFound
 
 _APPEND_CALL = "SELECT keraunos_append_call($1, $2, $3, $4, $5)"

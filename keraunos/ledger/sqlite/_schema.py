@@ -41,7 +41,7 @@ MIGRATIONS: tuple[str, ...] = (
         attempt_id  TEXT NOT NULL,
         event_type  TEXT NOT NULL,
         timestamp   REAL NOT NULL,
-        data        BLOB NOT NULL                 -- keraunos.ledger._codec encoding
+        data        BLOB NOT NULL                 -- keraunos.ledger.codec encoding
     );
     CREATE INDEX events_by_attempt ON events (rollout, attempt_id, id);
 

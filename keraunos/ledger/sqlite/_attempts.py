@@ -25,7 +25,7 @@ from keraunos.ledger._attempt_rules import (
 from keraunos.ledger._attempt_rules import FINISHED as _FINISHED
 from keraunos.ledger._attempt_rules import RUNNING as _RUNNING
 from keraunos.ledger._attempt_rules import Target as _Target
-from keraunos.ledger._codec import decode_json
+from keraunos.ledger.codec import decode_json
 from keraunos.ledger.errors import AttemptConflict, AttemptNotFound, RolloutNotFound
 from keraunos.protocol import (
     AttemptDetail,
