@@ -164,6 +164,8 @@ class TrainingLoop:
             t0 = time.perf_counter()
             train = await asyncio.to_thread(self.trainer.update, rows, advantages)
             timings["train"] = time.perf_counter() - t0
+            if "tokens" in train and timings["train"] > 0:
+                train["tokens_per_s"] = train["tokens"] / timings["train"]
             # A skipped update (a non-finite gradient) left the weights as they were: nothing to publish.
             if not train.get("update_skipped"):
                 self.sink.phase("swapping weights")
@@ -173,6 +175,8 @@ class TrainingLoop:
                 t0 = time.perf_counter()
                 await self.registry.register(self.trainer.endpoints, version)
                 timings["register"] = time.perf_counter() - t0
+                # Weight sync: from the update's end until every endpoint serves the new version.
+                timings["sync"] = timings["swap"] + timings["register"]
         finally:
             await self.collector.resume()
         train["inflight_at_pause"] = float(report.inflight_at_pause)

@@ -169,6 +169,7 @@ def console_line(record: dict[str, float]) -> str:
         f" breaks {int(record.get('rows/breaks', 0.0))} failed {int(record.get('collect/failed_rollouts', 0.0))}"
         f" dropped {int(dropped)}"
         f" v{int(record['version'])} {record.get('time/step', 0.0):.1f}s"
+        f" update {record.get('train/tokens_per_s', 0.0):.0f} tok/s sync {record.get('time/sync', 0.0):.2f}s"
     )
 
 

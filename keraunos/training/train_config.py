@@ -143,6 +143,18 @@ class TrainConfig(LayeredSettings):
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay on matrices.")
     max_grad_norm: float = Field(default=1.0, ge=0, description="Gradient clipping; 0 = none.")
     micro_batch_size: int = Field(default=8, ge=1, description="Rows per forward/backward pass.")
+    micro_batch_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Most ids per forward/backward pass (rows x trimmed width); 0 = rows only.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass: less memory, more compute."
+    )
+    bf16_autocast: bool = Field(
+        default=False,
+        description="CUDA only: forward passes under bfloat16 autocast (weights stay float32); refused on CPU.",
+    )
     clip_low: float = Field(default=0.2, ge=0, lt=1, description="Ratio clip below: 1 - clip_low.")
     clip_high: float = Field(default=0.2, ge=0, description="Ratio clip above: 1 + clip_high.")
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the starting model; 0 = none.")

@@ -85,6 +85,28 @@ def test_a_step_record_is_flat_with_each_source_under_its_prefix() -> None:
     assert console_line(record).startswith("step 3 reward 0.500")
 
 
+def test_the_console_line_shows_the_update_tokens_per_second_and_the_weight_sync_time() -> None:
+    record = {
+        "step": 2.0,
+        "version": 3.0,
+        "reward_mean": 0.25,
+        "train/tokens_per_s": 1234.4,
+        "time/sync": 0.125,
+    }
+    assert console_line(record).endswith(" update 1234 tok/s sync 0.12s")
+
+
+def test_the_memory_knobs_are_settings_like_any_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERAUNOS_TRAIN_MICRO_BATCH_TOKENS", "4096")
+    config = TrainConfig.load({**BASE, "gradient_checkpointing": True, "bf16_autocast": True})
+    assert (config.micro_batch_tokens, config.gradient_checkpointing, config.bf16_autocast) == (
+        4096,
+        True,
+        True,
+    )
+    assert (config.checkpoint_every, config.keep_checkpoints) == (1, 2)
+
+
 def test_the_summary_compares_the_first_and_last_steps_and_counts_calls() -> None:
     history = [
         {"step": float(i), "version": float(i + 1), "reward_mean": r, "collect/rollouts": 4.0, "rows/calls": 8.0,

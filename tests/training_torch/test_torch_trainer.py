@@ -295,3 +295,36 @@ def test_advantage_one_without_recorded_logprobs_is_supervised_fine_tuning(tiny_
 def test_asking_for_cuda_without_a_gpu_says_so(tiny_model: Path) -> None:
     with pytest.raises(PolicyLoadError, match="no CUDA device"):
         TorchTrainer(config_for(tiny_model).model_copy(update={"device": "cuda"}))
+
+
+def test_gradient_checkpointing_and_a_token_budget_change_the_work_not_the_gradient(
+    tiny_model: Path,
+    sample: Callable[..., Any],
+    to_batch: Callable[..., TrainBatch],
+    make_rollout: Any,
+) -> None:
+    plain = TorchTrainer(config_for(tiny_model, micro_batch_size=8))
+    batch = sampled_batch(plain, sample, to_batch, make_rollout, seed=5, prompts=4)
+    cut = batch.by_span().micro_batches(8, 40)
+    assert len(cut) > 1 and all(len(m) * m.trimmed().input_ids.shape[1] <= 40 or len(m) == 1 for m in cut)
+    expected = plain.accumulate_gradients(batch)
+    knobs = TorchTrainer(
+        config_for(tiny_model, micro_batch_size=8, micro_batch_tokens=40, gradient_checkpointing=True)
+    )
+    recomputed: list[int] = []  # attention runs again in the backward pass: checkpointing is on
+    knobs.model.model.layers[0].self_attn.register_forward_hook(lambda *_: recomputed.append(1))
+    got = knobs.accumulate_gradients(batch)
+    assert len(recomputed) == 2 * len(cut)
+    for key in ("loss", "tokens", "entropy", "approx_kl"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+    want = {name: p.grad for name, p in plain.model.named_parameters() if p.grad is not None}
+    have = {name: p.grad for name, p in knobs.model.named_parameters() if p.grad is not None}
+    assert have.keys() == want.keys() and want
+    scale = max(float(g.abs().max()) for g in want.values())
+    assert max(float((have[n] - g).abs().max()) for n, g in want.items()) < 1e-5 * scale
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_bf16_autocast_is_refused_off_cuda_with_what_to_do(tiny_model: Path) -> None:
+    with pytest.raises(PolicyLoadError, match="bf16_autocast needs a CUDA device, not cpu: turn it off"):
+        TorchTrainer(config_for(tiny_model, bf16_autocast=True))

@@ -152,9 +152,26 @@ class TrainBatch:
         span = np.where(trained, self.prompt_len + last - first, 0)
         return self.select(np.argsort(span, kind="stable"))
 
-    def micro_batches(self, size: int) -> list[TrainBatch]:
-        """Consecutive slices of at most `size` rows."""
-        return [self.select(slice(start, start + size)) for start in range(0, len(self), size)]
+    def micro_batches(self, size: int, max_tokens: int = 0) -> list[TrainBatch]:
+        """Consecutive slices of at most `size` rows and, when `max_tokens` > 0, at most that many
+        ids once trimmed (rows times the slice's trimmed width; a row wider than that goes alone)."""
+        if max_tokens <= 0:
+            return [self.select(slice(start, start + size)) for start in range(0, len(self), size)]
+        first = np.argmax(self.attention_mask[:, : self.prompt_len] != 0, axis=1)
+        trained = self.response_mask.any(axis=1)
+        last = np.where(trained, self.response_len - np.argmax(self.response_mask[:, ::-1], axis=1), 1)
+        out: list[TrainBatch] = []
+        start = 0
+        while start < len(self):
+            end = start + 1
+            while end < len(self) and end - start < size:
+                width = self.prompt_len - int(first[start : end + 1].min()) + int(last[start : end + 1].max())
+                if (end + 1 - start) * width > max_tokens:
+                    break
+                end += 1
+            out.append(self.select(slice(start, end)))
+            start = end
+        return out
 
     def trimmed(self) -> TrainBatch:
         """The same rows without the padding columns every row shares.

@@ -81,6 +81,22 @@ class TorchTrainerConfig(BaseModel):
     micro_batch_size: int = Field(
         default=8, ge=1, description="Rows per forward/backward pass; gradients accumulate over the batch."
     )
+    micro_batch_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Most ids per forward/backward pass (rows times trimmed width; a longer row goes "
+        "alone); 0 = rows only. Bounds activation memory when row lengths vary.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="Recompute each transformer block's activations in the backward pass (less "
+        "memory, one more forward of compute); the results are the same.",
+    )
+    bf16_autocast: bool = Field(
+        default=False,
+        description="CUDA only: forward passes under torch.autocast(bfloat16) (weights and AdamW stay "
+        "in dtype); refused on other devices, where it would be slow or unsupported.",
+    )
     clip_low: float = Field(default=0.2, ge=0, lt=1, description="Ratio clip below: 1 - clip_low.")
     clip_high: float = Field(default=0.2, ge=0, description="Ratio clip above: 1 + clip_high.")
     kl_coef: float = Field(
@@ -115,6 +131,11 @@ class TorchTrainer:
         if self.world is not None and device == "cuda":
             device = f"cuda:{self.world.local_rank}"
         self.device = torch.device(device)
+        if config.bf16_autocast and self.device.type != "cuda":
+            raise PolicyLoadError(
+                f"bf16_autocast needs a CUDA device, not {self.device}: turn it off (CPU autocast is "
+                "not used here: slower than float32 on most CPUs)"
+            )
         self.model, self.tokenizer = load_policy(
             model_dir or config.model_path,
             device=self.device,
@@ -130,6 +151,8 @@ class TorchTrainer:
                 attn_implementation=config.attn_implementation,
             )
             self.reference.requires_grad_(False)
+        if config.gradient_checkpointing:
+            _enable_gradient_checkpointing(self.model)
         if self.world is not None:
             shard_model(self.model)  # before the optimizer: it must hold the sharded parameters
         named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
@@ -221,10 +244,10 @@ class TorchTrainer:
         started = time.perf_counter()
         size = self.config.micro_batch_size
         if self.world is None:
-            micros, pads, scale = batch.by_span().micro_batches(size), 0, 1.0
+            micros, pads, scale = batch.by_span().micro_batches(size, self.config.micro_batch_tokens), 0, 1.0
         else:
             shard = shard_rows(batch, self.world)
-            micros = shard.micro_batches(size) if len(shard) else []
+            micros = shard.micro_batches(size, self.config.micro_batch_tokens) if len(shard) else []
             # Every rank runs as many passes as the busiest one (FSDP2's gathers are collective);
             # FSDP2 averages the gradients over ranks, the shards' gradients must add up.
             pads, scale = most(len(micros)) - len(micros), float(self.world.size)
@@ -326,7 +349,11 @@ class TorchTrainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref_logprobs, _ = response_logprobs(self.reference, *inputs, tensors["temperatures"])
-        logprobs, entropy = response_logprobs(self.model, *inputs, tensors["temperatures"], with_entropy=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16_autocast):
+            logprobs, entropy = response_logprobs(
+                self.model, *inputs, tensors["temperatures"], with_entropy=True
+            )
+        logprobs, entropy = logprobs.float(), entropy.float() if entropy is not None else None
         mask = tensors["response_mask"]
         recorded = tensors["logprobs_valid"][:, None] & mask
         diff.add(logprobs.detach(), tensors["old_logprobs"], recorded)
@@ -386,6 +413,24 @@ class _Diff:
             "logprob_diff_max": self.max,
             "recorded_logprob_tokens": self.tokens,
         }
+
+
+def _enable_gradient_checkpointing(model: Any) -> None:
+    """transformers' gradient checkpointing, without putting the model in training mode.
+
+    transformers checkpoints a block only while the block's `training` flag is set; setting that
+    flag on the blocks alone (not their children) keeps dropout off, so log probs stay those of
+    the served model.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False):
+            module.training = True
 
 
 def _pick_device(device: str) -> str:
