@@ -40,3 +40,15 @@ def test_pyright_passes() -> None:
     # The package, and the Kubernetes stand-in (a test double, but one with its own logic).
     result = _run(_tool("pyright"), "--pythonpath", sys.executable, "keraunos", "tests/kube_standin")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_no_two_test_modules_share_a_file_name() -> None:
+    """Test directories have no `__init__.py`, so pytest imports each test module by its bare
+    name: two `test_x.py` in different folders stop the whole run at collection."""
+    tests = Path(__file__).resolve().parent
+    names: dict[str, list[str]] = {}
+    for path in tests.rglob("*.py"):
+        in_package = (path.parent / "__init__.py").exists()  # imported by its dotted name
+        if path.name != "conftest.py" and not in_package and ".venv" not in path.parts:
+            names.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
