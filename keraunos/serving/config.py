@@ -73,6 +73,12 @@ class ServeConfig(LayeredSettings):
         description="Generated texts remembered with their exact token ids, to reuse them when an "
         "assistant turn comes back in a later prompt (0 = re-tokenise always).",
     )
+    max_adapters: int = Field(
+        default=4,
+        ge=1,
+        description="LoRA adapters (POST /keraunos/adapters) kept loaded at once; loading one more "
+        "unloads the one loaded longest ago.",
+    )
     seed: int = Field(default=0, description="Seed of sampling for requests without their own 'seed'.")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
     log_level: LogLevel = Field(default="warning", description="Least severe log level written to stderr.")

@@ -43,6 +43,7 @@ class Generation:
     include_usage: bool = False
     return_token_ids: bool = False
     session: str = ""  # the conversation, from the gateway's X-Keraunos-Session header
+    adapter: str | None = None  # the LoRA adapter `model` named; None = the base model
 
 
 def parse_generation(body: Any, *, chat: bool, model_name: str) -> Generation:

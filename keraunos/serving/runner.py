@@ -6,13 +6,19 @@ attention mask and explicit position ids, the first forward fills the KV cache, 
 feeds one token per sequence. Every sampled token is reported at once through the sequence's
 `emit` callback, so streams flow while the batch runs. `load_weights` swaps the weights in place
 between batches (one lock guards both) and raises the version.
+
+`load_adapter` loads a PEFT LoRA adapter onto the base model under a name (PEFT injects its
+matrices into the model's own layers, so generation calls the same model). A sequence names the
+adapter it is generated with, or none for the base: a batch runs one group of sequences per
+adapter, with that adapter active (the base with every adapter switched off).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,19 @@ class WeightsError(InputError):
 
 class ModelLoadError(InputError):
     """The model directory cannot be loaded; the message says what is wrong."""
+
+
+class AdapterError(InputError):
+    """A LoRA adapter cannot be loaded (not a PEFT adapter directory, another base, a bad name)."""
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    """A LoRA adapter the runner serves: where it was loaded from, and when (monotonic order)."""
+
+    name: str
+    path: str
+    loaded: int
 
 
 @dataclass(frozen=True)
@@ -61,13 +80,16 @@ class SequenceRequest:
     emit: Callable[[TokenEvent], None]
     stop: tuple[str, ...] = ()
     generator: torch.Generator | None = None
+    adapter: str | None = None
     generated: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
     """A causal LM and tokenizer on one device, generating batches and taking new weights."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, max_model_len: int = 0, seed: int = 0, max_adapters: int = 4
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -86,6 +108,10 @@ class ModelRunner:
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
         self._keep_arg = "logits_to_keep" if "logits_to_keep" in parameters else None
         self._token_text: dict[int, str] = {}
+        self.max_adapters = max_adapters
+        self.adapters: dict[str, LoadedAdapter] = {}
+        self._peft: Any = None  # the PeftModel around `model`, once an adapter is loaded
+        self._loads = 0
 
     @classmethod
     def load(
@@ -96,6 +122,7 @@ class ModelRunner:
         dtype: str = "float32",
         max_model_len: int = 0,
         seed: int = 0,
+        max_adapters: int = 4,
     ) -> ModelRunner:
         """Load a causal LM and its tokenizer from a local directory (never from the network)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,7 +144,7 @@ class ModelRunner:
             log.warning(
                 "the tokenizer has no chat template; chat/completions will answer 400", model=str(path)
             )
-        return cls(model, tokenizer, max_model_len=max_model_len, seed=seed)
+        return cls(model, tokenizer, max_model_len=max_model_len, seed=seed, max_adapters=max_adapters)
 
     # -- generation --------------------------------------------------------------------------------
 
@@ -125,8 +152,35 @@ class ModelRunner:
         """Generate every sequence to its end, emitting each token as it is sampled."""
         if not sequences:
             return
+        groups: dict[str | None, list[SequenceRequest]] = {}
+        for sequence in sequences:
+            groups.setdefault(sequence.adapter, []).append(sequence)
+        gone: AdapterError | None = None
         with self._lock, torch.inference_mode():
-            self._generate(sequences)
+            for adapter, group in groups.items():
+                try:
+                    with self._adapter_active(adapter):
+                        self._generate(group)
+                except AdapterError as exc:  # unloaded since the request came: fail its group only
+                    gone = exc
+        if gone is not None:
+            raise gone
+
+    @contextlib.contextmanager
+    def _adapter_active(self, adapter: str | None) -> Iterator[None]:
+        """The model with `adapter` active, or (None) the base with every adapter off."""
+        if self._peft is None:
+            if adapter is not None:
+                raise AdapterError(f"no LoRA adapter {adapter!r} is loaded")
+            yield
+        elif adapter is None:
+            with self._peft.disable_adapter():
+                yield
+        else:
+            if adapter not in self.adapters:
+                raise AdapterError(f"the LoRA adapter {adapter!r} is no longer loaded")
+            self._peft.set_adapter(adapter)
+            yield
 
     def _generate(self, sequences: list[SequenceRequest]) -> None:
         batch = len(sequences)
@@ -214,6 +268,11 @@ class ModelRunner:
         to another weight (a tied `lm_head`) may be left out. The version becomes `version`, or
         goes up by one. Raises `WeightsError` (nothing changed) when they do not fit.
         """
+        if self._peft is not None:
+            raise WeightsError(
+                "LoRA adapters are loaded on this server: it serves a fixed base with adapters, not "
+                "full weight swaps (restart it to swap full weights)"
+            )
         state = _read_safetensors(Path(weights)) if isinstance(weights, str | Path) else dict(weights)
         own = self.model.state_dict()
         unexpected = sorted(set(state) - set(own))
@@ -235,6 +294,41 @@ class ModelRunner:
             self.version = self.version + 1 if version is None else version
         log.info("weights loaded", version=self.version, tensors=len(state))
         return self.version
+
+    def load_adapter(self, name: str, path: str | Path) -> LoadedAdapter:
+        """Load the PEFT LoRA adapter saved in `path` as `name`, between batches.
+
+        A name loaded already is replaced (an adapter is immutable once loaded otherwise: the
+        trainer publishes each version under a new name). Beyond `max_adapters` the adapter loaded
+        longest ago is unloaded. Raises `AdapterError` (nothing changed) when `path` is no adapter
+        of this model.
+        """
+        from peft import PeftModel
+
+        path = Path(path)
+        if not (path / "adapter_config.json").is_file():
+            raise AdapterError(f"{path} holds no PEFT adapter (no adapter_config.json)")
+        with self._lock, torch.no_grad():
+            try:
+                if self._peft is None:
+                    self._peft = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+                else:
+                    if name in self.adapters:
+                        self._peft.delete_adapter(name)
+                        del self.adapters[name]
+                    self._peft.load_adapter(str(path), adapter_name=name)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                raise AdapterError(f"cannot load the LoRA adapter in {path}: {exc}") from None
+            self._peft.eval()
+            self._loads += 1
+            loaded = self.adapters[name] = LoadedAdapter(name, str(path), self._loads)
+            while len(self.adapters) > self.max_adapters:
+                oldest = min(self.adapters.values(), key=lambda a: a.loaded)
+                self._peft.delete_adapter(oldest.name)
+                del self.adapters[oldest.name]
+                log.info("adapter unloaded", adapter=oldest.name)
+        log.info("adapter loaded", adapter=name, path=str(path))
+        return loaded
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -4,7 +4,9 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `
 `GET /metrics` (Prometheus, see `keraunos.serving.metrics`), plus two keraunos routes:
 `GET /keraunos/info` (served model, weights version, batching counters) and
 `POST /keraunos/weights {"path": DIR, "version"?: int}` (swap in safetensors weights from a
-directory). A trainer in the same process calls `ModelServer.load_weights` with its state dict
+directory) and `POST /keraunos/adapters {"name", "path"}` (load a PEFT LoRA adapter onto the base
+model; a request whose `model` is that name is generated with it, the served model name still
+gets the base). A trainer in the same process calls `ModelServer.load_weights` with its state dict
 instead, without copying through files.
 """
 
@@ -34,7 +36,14 @@ from keraunos.serving.metrics import CountRequests, ServeMetrics
 from keraunos.serving.prompts import PromptError, TokenCache, chat_prompt_ids, completion_prompt_ids
 from keraunos.serving.requests import Generation, RequestError, parse_generation, set_max_tokens
 from keraunos.serving.responses import ChoiceResult, StreamChunks, chat_response, completion_response
-from keraunos.serving.runner import ModelRunner, SequenceRequest, TokenEvent, WeightsError
+from keraunos.serving.runner import (
+    AdapterError,
+    LoadedAdapter,
+    ModelRunner,
+    SequenceRequest,
+    TokenEvent,
+    WeightsError,
+)
 from keraunos.serving.sampling import SamplingParams
 from keraunos.serving.scheduler import BatchScheduler, Job
 
@@ -85,6 +94,7 @@ class ModelServer:
             Route("/metrics", self._metrics, methods=["GET"]),
             Route("/keraunos/info", self._info, methods=["GET"]),
             Route("/keraunos/weights", self._weights, methods=["POST"]),
+            Route("/keraunos/adapters", self._adapters, methods=["POST"]),
         ]
         self.app = Starlette(
             routes=routes,
@@ -107,6 +117,7 @@ class ModelServer:
             dtype=config.dtype,
             max_model_len=config.max_model_len,
             seed=config.seed,
+            max_adapters=config.max_adapters,
         )
         return cls(runner, config)
 
@@ -128,6 +139,22 @@ class ModelServer:
         self.metrics.weight_swap_seconds.observe(time.perf_counter() - started)
         self.metrics.weight_swaps.inc()
         return new_version
+
+    def load_adapter(self, name: str, path: str | Path) -> LoadedAdapter:
+        """Load the PEFT LoRA adapter in `path` as the model `name`, between batches.
+
+        Raises `AdapterError` for a path that holds no adapter of this model, or a name that is
+        the served model's own (that name always means the base).
+        """
+        if not name or name == self.model_name:
+            raise AdapterError(
+                f"an adapter cannot be named {name!r}: that name serves the base model, pick another"
+            )
+        started = time.perf_counter()
+        loaded = self.runner.load_adapter(name, path)
+        self.metrics.weight_swap_seconds.observe(time.perf_counter() - started)
+        self.metrics.weight_swaps.inc()
+        return loaded
 
     def start(self, host: str = "127.0.0.1", port: int = 0, *, ready_timeout: float = 30.0) -> RunningServer:
         """Serve in a background thread (port 0: any free port); returns when it accepts connections."""
@@ -179,8 +206,11 @@ class ModelServer:
         return _json(build(gen, choices, self.runner.token_text))
 
     def _prepare(self, body: Any, *, chat: bool, session: str = "") -> Generation:
-        gen = parse_generation(body, chat=chat, model_name=self.model_name)
+        model = body.get("model") if isinstance(body, dict) else None
+        adapter = model if isinstance(model, str) and model in self.runner.adapters else None
+        gen = parse_generation(body, chat=chat, model_name=adapter or self.model_name)
         gen.session = session
+        gen.adapter = adapter
         tokenizer = self.runner.tokenizer
         try:
             if chat:
@@ -221,6 +251,7 @@ class ModelServer:
                         emit=emitter_of(p * gen.n + i),
                         stop=gen.stop,
                         generator=generator,
+                        adapter=gen.adapter,
                     )
                 )
         return sequences
@@ -287,7 +318,12 @@ class ModelServer:
             "max_model_len": self.runner.max_model_len,
             "permission": [],
         }
-        return _json({"object": "list", "data": [card]})
+        # Loaded adapters as vLLM lists its LoRA modules: their own id, the base as parent.
+        adapters = [
+            {**card, "id": adapter.name, "root": adapter.path, "parent": self.model_name}
+            for adapter in self.runner.adapters.values()
+        ]
+        return _json({"object": "list", "data": [card, *adapters]})
 
     async def _health(self, request: Request) -> Response:
         return Response(b"", status_code=200)
@@ -314,6 +350,7 @@ class ModelServer:
                 "batches": self.scheduler.batches,
                 "largest_batch": self.scheduler.largest_batch,
                 "token_cache_entries": len(self.cache),
+                "adapters": [{"name": a.name, "path": a.path} for a in self.runner.adapters.values()],
             }
         )
 
@@ -336,6 +373,24 @@ class ModelServer:
         except WeightsError as exc:
             return _error(400, str(exc))
         return _json({"version": new_version})
+
+    async def _adapters(self, request: Request) -> Response:
+        refused = self._unauthorized(request)
+        if refused is not None:
+            return refused
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"Invalid JSON body: {exc}")
+        name = body.get("name") if isinstance(body, dict) else None
+        path = body.get("path") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not isinstance(path, str):
+            return _error(400, 'expected {"name": "ADAPTER NAME", "path": "DIR of a PEFT adapter"}')
+        try:
+            loaded = await asyncio.to_thread(self.load_adapter, name, path)
+        except AdapterError as exc:
+            return _error(400, str(exc))
+        return _json({"name": loaded.name, "path": loaded.path, "adapters": sorted(self.runner.adapters)})
 
 
 class _BatchFailed(Exception):

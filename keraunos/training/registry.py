@@ -1,5 +1,9 @@
 """The gateway's endpoint registry as the trainer uses it: register the served model's endpoints
-with the policy version they serve (`POST /api/models`), and remove them when the run ends."""
+with the policy version they serve (`POST /api/models`), and remove them when the run ends.
+
+A LoRA run registers each endpoint with `served_as`, the name of the adapter of that version
+(`adapter_name`): the gateway sends it upstream as the model of every call, so the engine serves
+the call with that adapter (docs/protocol.md, "Model endpoints")."""
 
 from __future__ import annotations
 
@@ -13,6 +17,21 @@ from keraunos.training.errors import TrainError
 log = structlog.get_logger("keraunos.training.registry")
 
 
+def adapter_name(served_model: str, version: int) -> str:
+    """The name the LoRA adapter of policy `version` is loaded and called under: `<model>-v<version>`."""
+    return f"{served_model}-v{version}"
+
+
+def served_as(trainer: object) -> str | None:
+    """The model name a backend's serving side knows its current version by, when it is not the
+    served model name (a LoRA backend's `served_as`: the current adapter); None otherwise.
+
+    Optional on the `Trainer` protocol: a backend without LoRA need not have it.
+    """
+    name = getattr(trainer, "served_as", None)
+    return name if isinstance(name, str) and name else None
+
+
 class EndpointRegistry:
     """Registers the served model's endpoints with the gateway, with the weights version they serve."""
 
@@ -21,9 +40,11 @@ class EndpointRegistry:
         self.model = model
         self._client = httpx.AsyncClient(base_url=gateway, headers=headers, timeout=timeout_s)
 
-    async def register(self, endpoints: Sequence[str], version: int) -> None:
-        """Upsert every endpoint with `version` (the proxy picks it up at once)."""
-        body = [{"model": self.model, "endpoint": e, "version": version} for e in endpoints]
+    async def register(self, endpoints: Sequence[str], version: int, served_as: str | None = None) -> None:
+        """Upsert every endpoint with `version` (the proxy picks it up at once), and with the
+        adapter name `served_as` that serves that version, when there is one."""
+        extra = {"served_as": served_as} if served_as else {}
+        body = [{"model": self.model, "endpoint": e, "version": version, **extra} for e in endpoints]
         response = await self._client.post("/api/models", json=body)
         if response.status_code != 201:
             raise TrainError(f"POST /api/models: HTTP {response.status_code}: {response.text[:200]}")

@@ -158,6 +158,17 @@ class TrainConfig(LayeredSettings):
     clip_low: float = Field(default=0.2, ge=0, lt=1, description="Ratio clip below: 1 - clip_low.")
     clip_high: float = Field(default=0.2, ge=0, description="Ratio clip above: 1 + clip_high.")
     kl_coef: float = Field(default=0.0, ge=0, description="k3 KL penalty to the starting model; 0 = none.")
+    lora_rank: int = Field(
+        default=0,
+        ge=0,
+        description="Train a LoRA adapter of this rank (peft) instead of the full weights; 0 = full "
+        "weights. Each update is published as the adapter '<served_model_name>-v<version>'.",
+    )
+    lora_alpha: int = Field(default=16, gt=0, description="LoRA alpha (the update is scaled by alpha/rank).")
+    lora_target_modules: str = Field(
+        default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        description="Comma-separated names of the linear layers LoRA adapts (Qwen2/Llama-style default).",
+    )
     device: str = Field(default="auto", description="Torch device of trainer and server: cpu, cuda, auto.")
     seed: int = Field(default=0, description="Seed of the trainer, the server's sampling and the shuffle.")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
@@ -254,6 +265,8 @@ class TrainConfig(LayeredSettings):
             raise ValueError("the embedded controller needs agent_class or agent_command")
         if self.gateway == EMBEDDED and self.controller == "external":
             raise ValueError("an embedded gateway needs the embedded controller (no other can reach it)")
+        if self.lora_rank and not self.lora_targets:
+            raise ValueError("lora_target_modules names no module: give comma-separated layer names")
         if self.async_batch_size is not None and self.async_batch_size < self.batch_size:
             raise ValueError(f"async_batch_size {self.async_batch_size} < batch_size {self.batch_size}")
         return self
@@ -262,6 +275,11 @@ class TrainConfig(LayeredSettings):
     def embedded_gateway(self) -> bool:
         """Whether `keraunos train` starts its own gateway."""
         return self.gateway == EMBEDDED
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """`lora_target_modules` split at commas."""
+        return tuple(name.strip() for name in self.lora_target_modules.split(",") if name.strip())
 
     @property
     def agent_argv(self) -> list[str]:

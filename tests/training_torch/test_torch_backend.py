@@ -69,3 +69,31 @@ def test_a_checkpoint_without_a_run_state_resumes_at_its_update_count(
         assert resumed.version == 5
     finally:
         resumed.close()
+
+
+def test_a_lora_backend_publishes_each_update_as_a_named_adapter_and_resumes_serving_it(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    import httpx
+
+    from keraunos.training.backends.torch.trainer import LoraSettings
+
+    config = config_for(tiny_model, lora_rank=4, run_dir=str(tmp_path / "run"), served_model_name="policy")
+    backend = TorchBackend.open(config)
+    try:
+        assert backend.trainer.config.lora == LoraSettings(rank=4)
+        assert backend.version == 0 and backend.served_as is None  # the base serves version 0
+        backend.trainer.global_step = 1  # as an update leaves it
+        assert backend.publish() == 1 and backend.served_as == "policy-v1"
+        assert (tmp_path / "run" / "adapters" / "v1" / "adapter_config.json").is_file()
+        models = httpx.get(f"{backend.endpoints[0]}/models").json()["data"]
+        assert [m["id"] for m in models] == ["policy", "policy-v1"]
+        backend.checkpoint(tmp_path / "ckpt", RunState(completed_steps=1))
+    finally:
+        backend.close()
+    resumed = TorchBackend.open(config, checkpoints=tmp_path / "ckpt")
+    try:
+        assert resumed.version == 1 and resumed.served_as == "policy-v1"
+        assert "policy-v1" in resumed.server.runner.adapters
+    finally:
+        resumed.close()

@@ -4,16 +4,20 @@
 `TorchBackend.open` turns the run's `TrainConfig` into the trainer's and the server's configs,
 restores the trainer (and the loop's `RunState` saved with it) from the newest checkpoint when
 asked, and starts the server; `publish` swaps the trained weights into the server in place (its
-version goes up by one); `checkpoint` writes `step-<completed steps>` and keeps the newest
-`keep_checkpoints`.
+version goes up by one), or, training a LoRA adapter (`lora_rank`), writes the adapter of version
+v to `RUN_DIR/adapters/v<v>` and loads it into the server as `<served_model_name>-v<v>`
+(`adapter_name`), the name the gateway then sends as the model of every call; `checkpoint` writes
+`step-<completed steps>` and keeps the newest `keep_checkpoints`.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
 from keraunos.serving.config import ServeConfig
 from keraunos.serving.server import ModelServer, RunningServer
@@ -24,10 +28,16 @@ from keraunos.training.backends.torch.checkpoint import (
     read_checkpoint,
     step_dir,
 )
-from keraunos.training.backends.torch.trainer import TorchTrainer, TorchTrainerConfig
+from keraunos.training.backends.torch.trainer import LoraSettings, TorchTrainer, TorchTrainerConfig
+from keraunos.training.registry import adapter_name
 from keraunos.training.train_config import TrainConfig
 from keraunos.training.trainer import RunState
 from keraunos.training.trajectories import Rows
+
+log = structlog.get_logger("keraunos.training.torch")
+
+#: Adapter directories kept under RUN_DIR/adapters (older ones are removed after a publish).
+KEEP_ADAPTERS = 2
 
 
 def trainer_config(config: TrainConfig) -> TorchTrainerConfig:
@@ -46,6 +56,9 @@ def trainer_config(config: TrainConfig) -> TorchTrainerConfig:
         clip_low=config.clip_low,
         clip_high=config.clip_high,
         kl_coef=config.kl_coef,
+        lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha, target_modules=config.lora_targets)
+        if config.lora_rank
+        else None,
         seed=config.seed,
         torch_threads=config.torch_threads,
     )
@@ -76,6 +89,7 @@ class TorchBackend:
         *,
         restored: RunState | None = None,
         keep_checkpoints: int = 0,
+        adapters: Path | None = None,
     ) -> None:
         self.trainer = trainer
         self.server = server
@@ -83,6 +97,9 @@ class TorchBackend:
         self._temperature = temperature
         self._restored = restored
         self._keep = keep_checkpoints
+        # LoRA: where adapters are written; the version is the adapter's (the base is version 0).
+        self.adapters = adapters
+        self._adapter_version = 0
 
     @classmethod
     def open(cls, config: TrainConfig, *, checkpoints: Path | None = None) -> TorchBackend:
@@ -112,17 +129,22 @@ class TorchBackend:
         else:
             trainer = TorchTrainer(settings)
         server = ModelServer.from_config(serve_config(config, str(trainer.device)))
-        if trainer.global_step:
+        adapters = Path(config.run_dir) / "adapters" if config.lora_rank else None
+        if trainer.global_step and adapters is None:
             # Resumed: serve the checkpoint's weights, with the version they had.
             server.load_weights(trainer.state_dict(), version=trainer.global_step)
-        return cls(
+        backend = cls(
             trainer,
             server,
             server.start(),
             config.temperature,
             restored=restored,
             keep_checkpoints=config.keep_checkpoints,
+            adapters=adapters,
         )
+        if trainer.global_step and adapters is not None:
+            backend.publish()  # resumed: serve the checkpoint's adapter, under its version's name
+        return backend
 
     @property
     def tokenizer(self) -> Any:
@@ -130,7 +152,17 @@ class TorchBackend:
 
     @property
     def version(self) -> int:
+        if self.adapters is not None:
+            return self._adapter_version
         return int(self.server.version)
+
+    @property
+    def served_as(self) -> str | None:
+        """The model name that selects the current policy on the serving side: the adapter of the
+        current version (None: the served model name itself, full weights or no update yet)."""
+        if self.adapters is None or not self._adapter_version:
+            return None
+        return adapter_name(self.server.model_name, self._adapter_version)
 
     @property
     def restored(self) -> RunState | None:
@@ -144,7 +176,20 @@ class TorchBackend:
         return self.trainer.step(TrainBatch.from_rows(rows, advantages, temperature=self._temperature))
 
     def publish(self) -> int:
-        return int(self.server.load_weights(self.trainer.state_dict()))
+        if self.adapters is None:
+            return int(self.server.load_weights(self.trainer.state_dict()))
+        # The adapter's version is the trainer's update count: a resumed run re-publishes its own.
+        version = self.trainer.global_step
+        path = self.trainer.save_adapter(self.adapters / f"v{version}")
+        self.server.load_adapter(adapter_name(self.server.model_name, version), path)
+        self._adapter_version = version
+        for old in sorted(
+            (p for p in self.adapters.iterdir() if p.name.startswith("v") and p.name[1:].isdigit()),
+            key=lambda p: int(p.name[1:]),
+        )[:-KEEP_ADAPTERS]:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("adapter published", adapter=self.served_as, path=str(path))
+        return version
 
     def checkpoint(self, directory: Path, state: RunState) -> Path:
         path = step_dir(directory, state.completed_steps)

@@ -4,7 +4,9 @@ Layout of one checkpoint directory:
 
     model/                  the policy as `save_pretrained` writes it (model.safetensors, config.json,
                             generation config) and its tokenizer: any Hugging Face loader, the
-                            model server included, reads it as it is
+                            model server included, reads it as it is. A LoRA trainer's is its
+                            PEFT adapter instead (adapter_config.json, adapter_model.safetensors),
+                            on the base model the checkpoint's config names
     trainer.safetensors     the optimizer state (one tensor per parameter and state key, named
                             `optimizer/<parameter>/<key>`) and the random number generator states
                             (`rng/cpu`, `rng/cuda/<i>`); its metadata holds `format`, `step`, the
@@ -35,6 +37,7 @@ from keraunos.errors import KeraunosError
 
 FORMAT = "keraunos-torch-trainer/1"
 MODEL_DIR = "model"
+ADAPTER_CONFIG = "adapter_config.json"
 STATE_FILE = "trainer.safetensors"
 _STEP_DIR = re.compile(r"^step-(\d+)\Z")
 
@@ -45,13 +48,15 @@ class CheckpointError(KeraunosError, RuntimeError):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a checkpoint says about itself: the trainer's update count (`step`), its config, and
-    the training loop's run state (None in checkpoints written without one)."""
+    """What a checkpoint says about itself: the trainer's update count (`step`), its config, the
+    training loop's run state (None in checkpoints written without one), and whether `model/` is
+    a LoRA adapter rather than full weights."""
 
     path: Path
     step: int
     config: dict[str, Any]
     run_state: dict[str, Any] | None = None
+    adapter: bool = False
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -140,7 +145,8 @@ def read_checkpoint(path: str | Path) -> CheckpointInfo:
     """The step and config of the checkpoint in `path`, checking that it is complete."""
     path = Path(path)
     state = path / STATE_FILE
-    if not state.is_file() or not (path / MODEL_DIR / "config.json").is_file():
+    adapter = (path / MODEL_DIR / ADAPTER_CONFIG).is_file()
+    if not state.is_file() or not (adapter or (path / MODEL_DIR / "config.json").is_file()):
         raise CheckpointError(f"{path} is not a trainer checkpoint (needs {STATE_FILE} and {MODEL_DIR}/)")
     metadata = _metadata(state)
     if metadata.get("format") != FORMAT:
@@ -150,6 +156,7 @@ def read_checkpoint(path: str | Path) -> CheckpointInfo:
         step=int(metadata["step"]),
         config=json.loads(metadata["config"]),
         run_state=json.loads(metadata["run_state"]) if "run_state" in metadata else None,
+        adapter=adapter,
     )
 
 

@@ -21,6 +21,7 @@ optimizer state and the step, and `TorchTrainer.resume` continues exactly where 
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from pathlib import Path
@@ -52,6 +53,34 @@ from keraunos.training.backends.torch.loss import LossSums, policy_loss
 from keraunos.training.backends.torch.policy import PolicyLoadError, load_policy, response_logprobs
 
 log = structlog.get_logger("keraunos.training.torch")
+
+#: The projections of a Qwen2/Llama-style decoder block (attention and MLP), which SmolLM2 and the
+#: tiny model share: LoRA's default targets.
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+class LoraSettings(BaseModel):
+    """A PEFT LoRA adapter trained instead of the full weights (`peft.LoraConfig`, dropout 0).
+
+    Dropout stays 0: the policy that is trained must be the one that sampled (log probs equal to
+    the served ones), and the adapter's dropout would only act in training mode anyway.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=1, description="LoRA rank r of every adapted projection.")
+    alpha: int = Field(default=16, gt=0, description="LoRA alpha: the update is scaled by alpha / rank.")
+    target_modules: tuple[str, ...] = Field(
+        default=DEFAULT_LORA_TARGETS, min_length=1, description="Names of the linear layers adapted."
+    )
 
 
 class TorchTrainerConfig(BaseModel):
@@ -111,6 +140,11 @@ class TorchTrainerConfig(BaseModel):
         default=False,
         description="Ignore the sampler's log probs and use the trainer's own as the ratio's denominator.",
     )
+    lora: LoraSettings | None = Field(
+        default=None,
+        description="Train a LoRA adapter on the frozen model_path instead of the full weights; None = "
+        "full weights. The KL reference is then the base model with the adapter switched off.",
+    )
     seed: int = Field(default=0, description="Seed of torch's generators at start.")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
 
@@ -118,8 +152,18 @@ class TorchTrainerConfig(BaseModel):
 class TorchTrainer:
     """The policy, its optimizer and its step counter; `step(batch)` applies one GRPO update."""
 
-    def __init__(self, config: TorchTrainerConfig, *, model_dir: str | Path | None = None) -> None:
-        """Load the policy from `model_dir` (default: `config.model_path`), the reference if needed."""
+    def __init__(
+        self,
+        config: TorchTrainerConfig,
+        *,
+        model_dir: str | Path | None = None,
+        adapter_dir: str | Path | None = None,
+    ) -> None:
+        """Load the policy from `model_dir` (default: `config.model_path`), the reference if needed.
+
+        With `config.lora`, the base model is wrapped in a fresh adapter, or in the one saved in
+        `adapter_dir` (a resumed run), and only the adapter's parameters train.
+        """
         self.config = config
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
@@ -142,8 +186,16 @@ class TorchTrainer:
             dtype=config.dtype,
             attn_implementation=config.attn_implementation,
         )
+        if config.lora is not None:
+            self.model = _with_adapter(self.model, config.lora, adapter_dir)
+        elif adapter_dir is not None:
+            raise CheckpointError(
+                f"{adapter_dir} holds a LoRA adapter, but this trainer's config has no lora"
+            )
         self.reference: Any = None
-        if config.kl_coef > 0:
+        # LoRA without another reference model: the reference is the base, the adapter switched off.
+        self._reference_is_base = config.lora is not None and not config.reference_model
+        if config.kl_coef > 0 and not self._reference_is_base:
             self.reference, _ = load_policy(
                 config.reference_model or config.model_path,
                 device=self.device,
@@ -185,7 +237,14 @@ class TorchTrainer:
                 f"cannot resume {path} in a process group of several ranks yet: resume it in one process"
             )
         config = config or TorchTrainerConfig.model_validate(info.config)
-        trainer = cls(config, model_dir=info.path / MODEL_DIR)
+        saved = info.path / MODEL_DIR
+        if (config.lora is not None) != info.adapter:
+            raise CheckpointError(
+                f"{path} holds {'a LoRA adapter' if info.adapter else 'full weights'}, but the config "
+                f"{'trains a LoRA adapter' if config.lora is not None else 'trains full weights'}: "
+                "resume with the run's own lora settings"
+            )
+        trainer = cls(config, adapter_dir=saved) if info.adapter else cls(config, model_dir=saved)
         load_optimizer_state(info.path, trainer.optimizer, trainer.parameter_names)
         load_rng_state(info.path)
         trainer.global_step = info.step
@@ -314,11 +373,26 @@ class TorchTrainer:
         """Write the current policy as a Hugging Face model directory (safetensors, config, tokenizer).
 
         What an out-of-process model server loads (`POST /keraunos/weights` with this path), or
-        the final model of a run. Unlike a checkpoint it holds no optimizer state.
+        the final model of a run. Unlike a checkpoint it holds no optimizer state. A LoRA trainer
+        writes a copy of its model with the adapter merged into the base weights (the adapter
+        alone: `save_adapter`).
         """
         path = Path(path)
-        self.model.save_pretrained(path)
+        model = copy.deepcopy(self.model).merge_and_unload() if self.config.lora is not None else self.model
+        model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+        return path
+
+    def save_adapter(self, path: str | Path) -> Path:
+        """Write the LoRA adapter as PEFT saves it (adapter_config.json, adapter_model.safetensors).
+
+        What vLLM's `POST /v1/load_lora_adapter` and `keraunos serve`'s `POST /keraunos/adapters`
+        load onto the base model: a few megabytes where the full weights are gigabytes.
+        """
+        if self.config.lora is None:
+            raise CheckpointError(f"cannot write an adapter to {path}: this trainer trains full weights")
+        path = Path(path)
+        self.model.save_pretrained(path)
         return path
 
     def save_checkpoint(self, path: str | Path, *, run_state: dict[str, Any] | None = None) -> Path:
@@ -349,6 +423,9 @@ class TorchTrainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref_logprobs, _ = response_logprobs(self.reference, *inputs, tensors["temperatures"])
+        elif self._reference_is_base and self.config.kl_coef > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref_logprobs, _ = response_logprobs(self.model, *inputs, tensors["temperatures"])
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16_autocast):
             logprobs, entropy = response_logprobs(
                 self.model, *inputs, tensors["temperatures"], with_entropy=True
@@ -413,6 +490,30 @@ class _Diff:
             "logprob_diff_max": self.max,
             "recorded_logprob_tokens": self.tokens,
         }
+
+
+def _with_adapter(model: Any, lora: LoraSettings, adapter_dir: str | Path | None) -> Any:
+    """`model` wrapped by PEFT in a new LoRA adapter (B = 0: the policy starts as the base) or in
+    the trainable adapter saved in `adapter_dir`; the base weights frozen, eval mode kept."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_dir is not None:
+        wrapped: Any = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    else:
+        settings = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=0.0,
+            target_modules=list(lora.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        try:
+            wrapped = get_peft_model(model, settings)
+        except ValueError as error:  # no module of the model matches target_modules
+            raise PolicyLoadError(f"cannot add a LoRA adapter: {error}") from error
+    wrapped.eval()
+    return wrapped
 
 
 def _enable_gradient_checkpointing(model: Any) -> None:
