@@ -162,10 +162,42 @@ class _Group:
     row: Any
     rollout_ids: list[str]
     submitted_at: float
+    version: int | None = None
     states: dict[str, str | None] = field(default_factory=dict)
 
     def complete(self) -> bool:
         return all(self.states.get(rid) in TERMINAL for rid in self.rollout_ids)
+
+
+@dataclass(frozen=True)
+class OffVersion:
+    """The calls of a rollout served by no version the run published for them: `stale` holds the
+    versions of those served by another version, `unversioned` one None per call recorded without one."""
+
+    stale: list[int]
+    unversioned: list[None]
+
+
+def off_version_calls(rollout: CompletedRollout, *, lowest: int | None, current: int) -> OffVersion:
+    """Which calls of `rollout` were not served by a version between `lowest` (the version served
+    when its group was created; None: unknown, for a group adopted from an earlier process) and
+    `current` (the version served now, when the group is read).
+
+    Sync mode creates and reads a step's groups with one version, so every call must carry exactly
+    it; in async mode a group may span updates, so any version from its creation on is on-policy
+    for the call it served (how far behind the group is, is `staleness`). A call recorded with no
+    version is off too: nothing shows which weights served it.
+    """
+    stale: list[int] = []
+    unversioned: list[None] = []
+    for triplet in rollout.triplets:
+        for sample in triplet.samples:
+            version = sample.model_version
+            if version is None:
+                unversioned.append(None)
+            elif version > current or (lowest is not None and version < lowest):
+                stale.append(version)
+    return OffVersion(stale, unversioned)
 
 
 class RolloutCollector:
@@ -180,6 +212,7 @@ class RolloutCollector:
         self._by_rollout: dict[str, str] = {}
         self._ready: deque[RolloutGroup] = deque()
         self._highest_version: int | None = None
+        self._version: int | None = None
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -230,6 +263,7 @@ class RolloutCollector:
         """
         started = time.monotonic()
         counts: Counter[str] = Counter()
+        self._version = model_version
         source = iter(rows)
         index = itertools.count()
         if self.config.mode == "sync":
@@ -324,7 +358,7 @@ class RolloutCollector:
         for step, i, row in groups:
             group_id = f"{self.config.run_id}.s{step}.i{i}"
             rollout_ids = [f"{group_id}.{k}" for k in range(self.config.n)]
-            self._in_flight[group_id] = _Group(group_id, step, i, row, rollout_ids, now)
+            self._in_flight[group_id] = _Group(group_id, step, i, row, rollout_ids, now, self._version)
             metadata = {"data_id": group_id, "batch_idx": step, "sample_idx_in_batch": i}
             for rid in rollout_ids:
                 self._by_rollout[rid] = group_id
@@ -398,6 +432,9 @@ class RolloutCollector:
         )
         if kept is None:
             return None
+        if self._version is not None:
+            for rollout in kept:
+                self._check_versions(rollout, group.version, self._version, counts)
         for rollout in kept:
             for version in rollout.model_versions:
                 if self._highest_version is None or version > self._highest_version:
@@ -417,6 +454,23 @@ class RolloutCollector:
         except TripletReadError as exc:
             log.error("rollout events unreadable", rollout_id=rollout_id, error=str(exc))
             return None
+
+    def _check_versions(
+        self, rollout: CompletedRollout, lowest: int | None, current: int, counts: Counter[str]
+    ) -> None:
+        """Count and log the calls of `rollout` that no version the run published for them served."""
+        found = off_version_calls(rollout, lowest=lowest, current=current)
+        for kind, versions in (("stale_calls", found.stale), ("unversioned_calls", found.unversioned)):
+            if versions:
+                counts[kind] += len(versions)
+                log.error(
+                    "calls served by a version the run did not publish for them (off-policy)",
+                    rollout_id=rollout.rollout_id,
+                    kind=kind,
+                    calls=len(versions),
+                    versions=sorted(set(versions), key=str),
+                    expected=f"{lowest}..{current}" if lowest is not None else f"<= {current}",
+                )
 
     def _take(self, limit: int, model_version: int | None, counts: Counter[str]) -> list[RolloutGroup]:
         """Up to `limit` ready groups, oldest first, dropping those that became too stale."""
@@ -452,6 +506,9 @@ class RolloutCollector:
         staleness = [g.staleness for g in groups if g.staleness is not None]
         metrics["staleness_max"] = float(max(staleness, default=0))
         metrics["staleness_mean"] = float(sum(staleness) / len(staleness)) if staleness else 0.0
+        if self._version is not None:
+            metrics["stale_calls"] = float(counts["stale_calls"])
+            metrics["unversioned_calls"] = float(counts["unversioned_calls"])
         return metrics
 
     # -- HTTP -----------------------------------------------------------------------------------

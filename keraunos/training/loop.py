@@ -118,10 +118,11 @@ class TrainingLoop:
         timings["rows"] = time.perf_counter() - t0
 
         train: dict[str, float] = {}
+        publish: dict[str, float] = {}
         if len(built.rows) == 0:
             log.warning("no training rows this step; the weights stay as they are", step=step)
         else:
-            train, update_timings = await self._update(built.rows, adv.advantages)
+            train, update_timings, publish = await self._update(built.rows, adv.advantages)
             timings.update(update_timings)
         timings["step"] = time.perf_counter() - started
         record = step_metrics(
@@ -133,6 +134,8 @@ class TrainingLoop:
             train=train,
             timings=timings,
         )
+        # The serving side after the publish: replicas serving the new version, replicas that failed.
+        record.update({f"publish/{key}": value for key, value in publish.items()})
         self.sink.write(record, consumed=[r.rollout_id for r in rollouts])
         self._steps_done += 1
         return record
@@ -151,9 +154,13 @@ class TrainingLoop:
                 )
             log.warning("every rollout of this step failed", step=step, rollouts=int(created))
 
-    async def _update(self, rows: Rows, advantages: np.ndarray) -> tuple[dict[str, float], dict[str, float]]:
-        """Pause and drain, update, publish, re-register, resume (also when something fails)."""
+    async def _update(
+        self, rows: Rows, advantages: np.ndarray
+    ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Pause and drain, update, publish, re-register, resume (also when something fails); the
+        update's statistics, its timings and the publish's counts."""
         timings: dict[str, float] = {}
+        publish: dict[str, float] = {}
         self.sink.phase("draining")
         report = await self.collector.pause_and_drain(self.config.drain_timeout_s)
         timings["drain"] = report.drain_seconds
@@ -170,8 +177,18 @@ class TrainingLoop:
             if not train.get("update_skipped"):
                 self.sink.phase("swapping weights")
                 t0 = time.perf_counter()
-                version = await asyncio.to_thread(self.trainer.publish)
+                before = list(self.trainer.endpoints)
+                try:
+                    version = await asyncio.to_thread(self.trainer.publish)
+                finally:
+                    # A replica that did not take the update leaves routing before anything resumes.
+                    gone = [e for e in before if e not in self.trainer.endpoints]
+                    if gone:
+                        await self.registry.unregister(gone)
+                        log.error("endpoints taken out of routing: they failed the update", endpoints=gone)
                 timings["swap"] = time.perf_counter() - t0
+                publish["replicas"] = float(len(self.trainer.endpoints))
+                publish["failed_replicas"] = float(len(gone))
                 t0 = time.perf_counter()
                 await self.registry.register(self.trainer.endpoints, version)
                 timings["register"] = time.perf_counter() - t0
@@ -181,7 +198,7 @@ class TrainingLoop:
             await self.collector.resume()
         train["inflight_at_pause"] = float(report.inflight_at_pause)
         train["inflight_at_timeout"] = float(report.inflight_at_timeout)
-        return train, timings
+        return train, timings, publish
 
     async def _guarded(self, work: Awaitable[T]) -> T:
         """Await `work`, checking every second that the processes it depends on are alive."""

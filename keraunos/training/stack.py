@@ -1,10 +1,16 @@
 """The processes a training run starts beside itself: the embedded gateway and the local
-controller (`keraunos gateway`, `keraunos controller` as subprocesses), each with its log file;
-each child stops when the run's process does, even when it is killed outright (keraunos._parent)."""
+controller (`keraunos gateway`, `keraunos controller` as subprocesses), and the engine replicas of
+`serving: endpoints` with `engine_replicas` (`keraunos serve`, or the user's vLLM command line),
+each with its log file. Each child stops when the run's process does, even when it is killed
+outright: keraunos's own through keraunos._parent, engine replicas (which may be any program)
+through the kernel's parent-death signal on Linux."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -130,3 +136,110 @@ def start_controller(config: TrainConfig, gateway: str, key: str, run_dir: Path)
         ["controller", *args],
         run_dir / "logs" / "controller.log",
     )
+
+
+#: The placeholders an `engine_command` may hold, and what `start_engines` puts in for them.
+ENGINE_PLACEHOLDERS = ("{port}", "{model}", "{served_model_name}")
+
+
+@dataclass
+class EngineChild:
+    """An engine replica the run started: its OpenAI base URL (with /v1) and its process."""
+
+    endpoint: str
+    child: Child
+
+
+def engine_argv(config: TrainConfig, port: int, device: str = "cpu") -> list[str]:
+    """The command line of one replica on `port`: `engine_command` with its placeholders put in
+    (each argument separately, so braces elsewhere, as in a JSON option, stay as they are), or
+    `keraunos serve` of the run's model under its served name, on `device`."""
+    if not config.engine_command:
+        return [
+            sys.executable,
+            "-m",
+            "keraunos.cli",
+            "serve",
+            *_flags(
+                model=config.model,
+                host="127.0.0.1",
+                port=port,
+                served_model_name=config.served_model_name,
+                device=device,
+                max_batch_size=config.max_batch_size,
+                batch_wait_ms=config.batch_wait_ms,
+                seed=config.seed,
+                torch_threads=config.torch_threads,
+                log_level="warning",
+            ),
+        ]
+    values = {"{port}": str(port), "{model}": config.model, "{served_model_name}": config.served_model_name}
+    argv = []
+    for arg in shlex.split(config.engine_command):
+        for placeholder, value in values.items():
+            arg = arg.replace(placeholder, value)
+        argv.append(arg)
+    return argv
+
+
+def start_engines(config: TrainConfig, run_dir: Path, device: str = "cpu") -> list[EngineChild]:
+    """Start `engine_replicas` replicas on free loopback ports, without waiting for them (they load
+    while the trainer does); `wait_for_engines` waits. vLLM replicas get VLLM_SERVER_DEV_MODE=1,
+    which opens the routes its weights are reloaded through."""
+    if config.engine_command and "{port}" not in config.engine_command:
+        raise TrainError("engine_command must hold {port}: each replica listens on a port the run picks")
+    extra = {"VLLM_SERVER_DEV_MODE": "1"} if config.engine_kind == "vllm" else {}
+    started: list[EngineChild] = []
+    for index in range(config.engine_replicas):
+        port = free_port()
+        log_path = run_dir / "logs" / f"engine-{index}.log"
+        with log_path.open("ab") as out:
+            try:
+                process = subprocess.Popen(
+                    engine_argv(config, port, device),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=_child_env(extra),
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                for engine in started:
+                    engine.child.stop()
+                raise TrainError(f"cannot start engine replica {index}: {exc}") from None
+        started.append(
+            EngineChild(f"http://127.0.0.1:{port}/v1", Child(f"engine replica {index}", process, log_path))
+        )
+    return started
+
+
+def wait_for_engines(engines: list[EngineChild], timeout_s: float) -> None:
+    """Wait until every replica answers GET /health with 200; `TrainError` naming the first that
+    exited or did not answer within `timeout_s` (with its log's last line)."""
+    deadline = time.monotonic() + timeout_s
+    for engine in engines:
+        root = engine.endpoint.removesuffix("/v1")
+        while True:
+            engine.child.check()
+            try:
+                if httpx.get(f"{root}/health", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TrainError(
+                    f"the {engine.child.name} ({root}) did not answer /health within {timeout_s:.0f}s "
+                    f"(log: {engine.child.log_path})"
+                )
+            time.sleep(0.2)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before it runs the engine: SIGTERM it when the process that started it dies
+    (Linux; a no-op elsewhere). Engines are other programs, so keraunos._parent cannot watch for
+    them. The run starts them from its main thread, whose end is the process's end."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

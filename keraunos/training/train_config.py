@@ -88,6 +88,45 @@ class TrainConfig(LayeredSettings):
         description="Embedded controller: warm workers that import the agent class once and fork "
         "each agent (agent_class only); 0 starts every agent in a fresh interpreter.",
     )
+    serving: Literal["in_process", "endpoints"] = Field(
+        default="in_process",
+        description="in_process: the trainer's own model server in this process; endpoints: engine "
+        "replicas (engine_urls, or engine_replicas started by the run) that the trainer publishes "
+        'every update to (docs/training-loop.md "Serving").',
+    )
+    engine_kind: Literal["keraunos", "vllm"] = Field(
+        default="keraunos",
+        description="Endpoints: what the replicas are, which says how weights reach them (keraunos: "
+        "POST /keraunos/weights; vllm: POST /collective_rpc reload_weights, VLLM_SERVER_DEV_MODE=1).",
+    )
+    engine_urls: str = Field(
+        default="",
+        description="Endpoints: OpenAI base URLs of running replicas, comma-separated (a YAML list "
+        "too); /v1 is added when missing. They must read the run's weights directory (same machine "
+        "or a shared file system).",
+    )
+    engine_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Endpoints: start this many replicas on free loopback ports (instead of "
+        "engine_urls); they stop with the run.",
+    )
+    engine_command: str = Field(
+        default="",
+        description="Endpoints: command line of one started replica, with {port} (and optionally "
+        "{model}, {served_model_name}) put in; default for keraunos: keraunos serve of the model.",
+    )
+    engine_startup_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Endpoints: most seconds a started replica may take to answer /health.",
+    )
+    engine_publish_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Endpoints: most seconds a replica may take to load an update; slower ones are "
+        "taken out of routing.",
+    )
     max_batch_size: int = Field(
         default=32, ge=1, description="Model server: most sequences generated together in one batch."
     )
@@ -244,7 +283,20 @@ class TrainConfig(LayeredSettings):
             raise ValueError("must be 'embedded' or an http:// or https:// URL")
         return value.rstrip("/")
 
-    @field_validator("agent_command")
+    @field_validator("engine_urls", mode="before")
+    @classmethod
+    def _joined(cls, value: Any) -> Any:
+        return ",".join(str(v) for v in value) if isinstance(value, list | tuple) else value
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        for url in (u.strip() for u in value.split(",") if u.strip()):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is no http:// or https:// URL")
+        return value
+
+    @field_validator("agent_command", "engine_command")
     @classmethod
     def _splits(cls, value: str) -> str:
         try:
@@ -269,12 +321,32 @@ class TrainConfig(LayeredSettings):
             raise ValueError("lora_target_modules names no module: give comma-separated layer names")
         if self.async_batch_size is not None and self.async_batch_size < self.batch_size:
             raise ValueError(f"async_batch_size {self.async_batch_size} < batch_size {self.batch_size}")
+        self._check_serving()
         return self
+
+    def _check_serving(self) -> None:
+        engines = bool(self.engine_urls or self.engine_replicas or self.engine_command)
+        if self.serving == "in_process":
+            if engines:
+                raise ValueError("engine_urls, engine_replicas and engine_command need serving: endpoints")
+            return
+        if bool(self.engine_urls) == bool(self.engine_replicas):
+            raise ValueError("serving: endpoints needs engine_urls or engine_replicas (one of them)")
+        if self.engine_command and not self.engine_replicas:
+            raise ValueError("engine_command starts replicas: set engine_replicas too")
+        if self.engine_replicas and self.engine_kind == "vllm" and not self.engine_command:
+            raise ValueError("engine_replicas of vLLM need engine_command (the vllm serve line, with {port})")
 
     @property
     def embedded_gateway(self) -> bool:
         """Whether `keraunos train` starts its own gateway."""
         return self.gateway == EMBEDDED
+
+    @property
+    def engine_endpoints(self) -> list[str]:
+        """`engine_urls` as a list of OpenAI base URLs, each ending in /v1."""
+        urls = [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+        return [u if u.endswith("/v1") else u + "/v1" for u in urls]
 
     @property
     def lora_targets(self) -> tuple[str, ...]:
