@@ -345,11 +345,17 @@ class Event(BaseModel):
 
 
 class Model(BaseModel):
-    """A model inference endpoint (an OpenAI base URL including `/v1`), keyed by (model, endpoint)."""
+    """A model inference endpoint (an OpenAI base URL including `/v1`), keyed by (model, endpoint).
+
+    `served_as` (keraunos extension) is the model name the proxy sends upstream instead of its
+    served model's: the LoRA adapter that serves `version` on that engine. Absent (None) it is
+    left out of every answer, so v1.0 clients see v1.0's shape.
+    """
 
     model: str
     endpoint: str
     version: Int64 = 0
+    served_as: str | None = Field(default=None, min_length=1, max_length=256, exclude_if=lambda v: v is None)
 
 
 class ServerInfo(BaseModel):

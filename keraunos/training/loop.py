@@ -44,7 +44,7 @@ from keraunos.training.dataset import endless_rows, read_dataset
 from keraunos.training.errors import TrainError
 from keraunos.training.metrics import TrainerMetrics, serve_trainer_metrics
 from keraunos.training.records import MetricsSink, keep_steps_before, read_record, step_metrics, summarize
-from keraunos.training.registry import EndpointRegistry
+from keraunos.training.registry import EndpointRegistry, served_as
 from keraunos.training.stack import Child, start_controller, start_gateway
 from keraunos.training.train_config import TrainConfig
 from keraunos.training.trainer import RunState, Trainer
@@ -190,7 +190,7 @@ class TrainingLoop:
                 publish["replicas"] = float(len(self.trainer.endpoints))
                 publish["failed_replicas"] = float(len(gone))
                 t0 = time.perf_counter()
-                await self.registry.register(self.trainer.endpoints, version)
+                await self.registry.register(self.trainer.endpoints, version, served_as(self.trainer))
                 timings["register"] = time.perf_counter() - t0
                 # Weight sync: from the update's end until every endpoint serves the new version.
                 timings["sync"] = timings["swap"] + timings["register"]
@@ -309,7 +309,7 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     registry = EndpointRegistry(gateway, key, config.served_model_name)
     try:
         watch()
-        await registry.register(trainer.endpoints, trainer.version)
+        await registry.register(trainer.endpoints, trainer.version, served_as(trainer))
         async with RolloutCollector(collector_settings) as collector:
             loop = TrainingLoop(
                 config,

@@ -82,3 +82,22 @@ def test_delete_without_filters_removes_every_endpoint(api: httpx.Client, new_id
     assert (response.status_code, response.json()) == (200, {"status": "ok"})
     assert listed(api) == []
     assert api.delete("/api/models").status_code == 200
+
+
+def test_served_as_is_stored_replaced_and_dropped_with_each_upsert_and_absent_when_unset(
+    api: httpx.Client, new_id: NewId
+) -> None:
+    name = new_id("model")
+    register(api, {"model": name, "endpoint": "http://a/v1", "version": 1, "served_as": f"{name}-v1"})
+    register(api, {"model": name, "endpoint": "http://a/v1", "version": 2, "served_as": f"{name}-v2"})
+    assert listed(api, name) == [
+        {"model": name, "endpoint": "http://a/v1", "version": 2, "served_as": f"{name}-v2"}
+    ]
+    register(api, {"model": name, "endpoint": "http://a/v1", "version": 3})  # full weights again
+    assert listed(api, name) == [{"model": name, "endpoint": "http://a/v1", "version": 3}]
+    assert (
+        api.post(
+            "/api/models", json=[{"model": name, "endpoint": "http://a/v1", "served_as": ""}]
+        ).status_code
+        == 422
+    )

@@ -21,6 +21,7 @@ FEATURES: tuple[str, ...] = (
     "proxy",  # /proxy/.../openai/v1/{chat/completions,completions,models}, recorded as model_request
     "pause-drain",  # POST /proxy/pause, POST /proxy/resume, GET /proxy/state
     "rendezvous-routing",  # rollouts stick to an endpoint; removing one moves only its rollouts
+    "served-as",  # an endpoint's served_as (a LoRA adapter) is the model sent upstream
     "proxy-error-source",  # gateway-made proxy errors carry error.{message, source, attempts}
     "agent-tokens",  # POST /api/rollouts/{id}/attempt/{a}/token; tokens scoped to one attempt
     "triplet-delta",  # GET /api/rollouts/{id}/events?format=triplet&delta=1: prompts as deltas

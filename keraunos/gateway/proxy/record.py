@@ -87,6 +87,8 @@ def call_data(
             "model": served_model,
             "endpoint": endpoint.endpoint if endpoint is not None else None,
             "version": endpoint.version if endpoint is not None else None,
+            # keraunos extension: the LoRA adapter that served the call, when it was one
+            **({"served_as": endpoint.served_as} if endpoint is not None and endpoint.served_as else {}),
         },
         "latency_ms": round(latency_ms, 3),
         "http_status": http_status,

@@ -33,6 +33,7 @@ from keraunos.gateway.proxy.record import (
     call_data,
     model_request_data,
 )
+from keraunos.gateway.proxy.routing import current_policy
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.state import ProxyState
 from keraunos.gateway.proxy.stream import (
@@ -221,8 +222,10 @@ async def _forward(
             f"No endpoint is registered for the served model {config.served_model!r}; "
             "register one with POST /api/models",
         )
+    # A LoRA policy: its newest adapter's endpoints, and the adapter's name as the model.
+    endpoints, upstream_model = current_policy(endpoints, config.served_model)
     shaped, sampling = shape_request(
-        body, served_model=config.served_model, mode=mode, temperature=temperature, path=path
+        body, served_model=upstream_model, mode=mode, temperature=temperature, path=path
     )
     streamed = stream is True
     strip_usage = False

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 
+from keraunos.protocol import Model
+
 
 def score(endpoint: str, rollout_id: str) -> int:
     """The rendezvous weight of `endpoint` for `rollout_id`: stable across processes and machines."""
@@ -22,6 +24,21 @@ def score(endpoint: str, rollout_id: str) -> int:
 def rank(rollout_id: str, endpoints: Iterable[str]) -> list[str]:
     """`endpoints` in the rollout's order of preference (ties, astronomically rare, by name)."""
     return sorted(endpoints, key=lambda endpoint: (score(endpoint, rollout_id), endpoint), reverse=True)
+
+
+def current_policy(endpoints: Sequence[Model], served_model: str) -> tuple[Sequence[Model], str]:
+    """The endpoints a call may go to, and the model name to send them.
+
+    Endpoints registered with `served_as` (a LoRA adapter) serve the policy under that name: the
+    call goes to those of the newest version, with that version's name, so a replica still at
+    an older adapter (it failed to load the new one) is never routed as if it were new. Without
+    any `served_as`, every endpoint, and the served model's own name (v1.0's behaviour).
+    """
+    named = [e for e in endpoints if e.served_as]
+    if not named:
+        return endpoints, served_model
+    version, name = max((e.version, e.served_as or "") for e in named)
+    return [e for e in named if e.version == version and e.served_as == name], name
 
 
 def choose(

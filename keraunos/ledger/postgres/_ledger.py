@@ -433,24 +433,25 @@ class PostgresLedger(Ledger):
     # -- model endpoints ------------------------------------------------------------------------
 
     async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
-        params = [(m.model, m.endpoint, m.version) for m in models]
+        params = [(m.model, m.endpoint, m.version, m.served_as) for m in models]
         if params:
             # An update keeps the endpoint's original registration position (its row id).
             await self._pool.transaction(
                 lambda conn: conn.executemany(
-                    "INSERT INTO models (model, endpoint, version) VALUES ($1, $2, $3) "
-                    "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version",
+                    "INSERT INTO models (model, endpoint, version, served_as) VALUES ($1, $2, $3, $4) "
+                    "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version, "
+                    "served_as = excluded.served_as",
                     params,
                 )
             )
-        return [Model(model=m, endpoint=e, version=v) for m, e, v in params]
+        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in params]
 
     async def list_models(self, model: str | None = None) -> list[Model]:
         rows = await self._pool.fetch(
-            "SELECT model, endpoint, version FROM models WHERE $1::text IS NULL OR model = $1 ORDER BY id",
+            "SELECT model, endpoint, version, served_as FROM models WHERE $1::text IS NULL OR model = $1 ORDER BY id",
             model,
         )
-        return [Model(model=m, endpoint=e, version=v) for m, e, v in rows]
+        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in rows]
 
     async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
         status = await self._pool.execute(

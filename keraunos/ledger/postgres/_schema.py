@@ -164,6 +164,11 @@ MIGRATIONS: tuple[str, ...] = (
         RETURN new_id;
     END $$;
     """,
+    # 2: the model name the proxy sends upstream for an endpoint (a LoRA adapter), when not the
+    # served model's own (SQLite's step 4).
+    """
+    ALTER TABLE models ADD COLUMN served_as text;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

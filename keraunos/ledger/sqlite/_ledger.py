@@ -528,29 +528,30 @@ class SqliteLedger(Ledger):
     # -- model endpoints ------------------------------------------------------------------------
 
     async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
-        params = [(m.model, m.endpoint, m.version) for m in models]
+        params = [(m.model, m.endpoint, m.version, m.served_as) for m in models]
 
         def op(conn: sqlite3.Connection) -> None:
             # An update keeps the endpoint's original registration position (its row id).
             conn.executemany(
-                "INSERT INTO models (model, endpoint, version) VALUES (?, ?, ?) "
-                "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version",
+                "INSERT INTO models (model, endpoint, version, served_as) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version, "
+                "served_as = excluded.served_as",
                 params,
             )
 
         await self._write(op)
-        return [Model(model=m, endpoint=e, version=v) for m, e, v in params]
+        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in params]
 
     async def list_models(self, model: str | None = None) -> list[Model]:
         rows = (
             self._inline_conn()
             .execute(
-                "SELECT model, endpoint, version FROM models WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
+                "SELECT model, endpoint, version, served_as FROM models WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
                 (model,),
             )
             .fetchall()
         )
-        return [Model(model=m, endpoint=e, version=v) for m, e, v in rows]
+        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in rows]
 
     async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
         def op(conn: sqlite3.Connection) -> int:

@@ -116,6 +116,11 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE rollout = NEW.id AND state = 'running';
     END;
     """,
+    # 4: the model name the proxy sends upstream for an endpoint (a LoRA adapter), when not the
+    # served model's own.
+    """
+    ALTER TABLE models ADD COLUMN served_as TEXT;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
