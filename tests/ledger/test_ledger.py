@@ -151,6 +151,38 @@ async def test_create_with_an_existing_id_returns_it_untouched(ledger: Ledger) -
     assert data_of(await ledger.list_events("r", "0")) == [{"value": 1.0}]
 
 
+async def test_a_batch_larger_than_one_insert_statement_keeps_order_and_idempotence(ledger: Ledger) -> None:
+    # 1,201 items (more than one multi-row INSERT of the SQLite ledger): ids that existed before,
+    # ids repeated within the call, ids drawn fresh, in an order that crosses the statements.
+    [existing] = await ledger.create_rollouts([item("old-7", {"v": "old"})], 1.0)
+    items = []
+    for k in range(1201):
+        if k == 7:
+            rollout_id: str | None = "old-7"
+        elif k % 100 == 7:
+            rollout_id = f"b-{k - 99}"  # given earlier in the call when (k - 99) % 3 != 0
+        elif k % 3 == 0:
+            rollout_id = None
+        else:
+            rollout_id = f"b-{k}"
+        items.append(item(rollout_id, {"v": k}))
+    created = await ledger.create_rollouts(items, 2.0)
+
+    assert len(created) == 1201
+    assert created[7] == existing  # untouched
+    first_input: dict[str, Any] = {}
+    for given_item, rollout in zip(items, created, strict=True):
+        if given_item.rollout_id is None:
+            assert rollout.input == given_item.input and rollout.status.created_at == 2.0
+        elif given_item.rollout_id != "old-7":
+            first_input.setdefault(given_item.rollout_id, given_item.input)
+            assert rollout.rollout_id == given_item.rollout_id
+            assert rollout.input == first_input[given_item.rollout_id]  # a repeat yields the first
+    assert len({r.rollout_id for r in created}) == len(await ledger.list_rollouts([QUEUING], 5000))
+    for rollout in created[::37]:
+        assert await ledger.get_rollout(rollout.rollout_id) == rollout
+
+
 async def test_duplicate_ids_in_one_call_resolve_to_the_first(ledger: Ledger) -> None:
     created = await ledger.create_rollouts([item("r", {"n": 1}), item("x"), item("r", {"n": 2})], 1.0)
     assert created[0] == created[2]

@@ -230,3 +230,51 @@ async def wait_for(condition: Any, within: float = 10.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+async def test_a_compaction_stops_after_the_row_at_which_another_write_waits(tmp_path: Path) -> None:
+    # Six wire rows to compact and a reward queued behind them: the compaction rewrites one row,
+    # the reward commits with it, and the other five follow in a transaction of their own. The rows
+    # end up exactly as a direct encoding stores them.
+    calls = growing_prefix_rollout(6, seed=14)
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path, **NEVER) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+        writer, compactor = ledger._writer, ledger._compactor
+        assert writer is not None and compactor is not None
+        for call in calls:
+            await ledger.append_model_call("r", "a", call, wire_of(call), 2.0)
+        assert forms(path) == "WWWWWW"
+        before = writer.batches_committed
+        with writer.hold():
+            drained = asyncio.ensure_future(compactor.drain())
+            await asyncio.sleep(0.02)  # the compaction is queued first
+            reward = asyncio.ensure_future(ledger.append_event("r", "a", "reward", {"value": 1.0}, 3.0))
+            await asyncio.sleep(0.02)
+        await reward
+        await drained
+        assert forms(path) == "K" * 6
+        assert writer.batches_committed - before == 2  # (one row + the reward), then five rows
+    assert blobs(path) == blobs(await reference(tmp_path, {"a": calls}, ["a"] * 6))
+
+
+async def test_a_call_queued_while_its_previous_call_waits_for_compaction_follows_it(tmp_path: Path) -> None:
+    # The writer is busy; the attempt's last row is still in wire form: the call is stored in wire
+    # form after it and compacted after it, as a delta, instead of in full.
+    calls = growing_prefix_rollout(3, seed=15)
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path, **NEVER) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+        writer = ledger._writer
+        assert writer is not None
+        await ledger.append_model_call("r", "a", calls[0], wire_of(calls[0]), 2.0)
+        with writer.hold():
+            pending = asyncio.ensure_future(
+                ledger.append_model_call("r", "a", calls[1], wire_of(calls[1]), 2.0)
+            )
+            await asyncio.sleep(0.05)
+        await pending
+        assert forms(path) == "WW"
+        await ledger.append_model_call("r", "a", calls[2], wire_of(calls[2]), 2.0)
+        assert json.dumps([e["data"] for e in await ledger.list_events("r", "a")]) == json.dumps(calls)
+    assert blobs(path) == blobs(await reference(tmp_path, {"a": calls}, ["a"] * 3))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Awaitable
@@ -18,6 +19,7 @@ import pytest
 
 from keraunos.ledger import InvalidTransition, LedgerUnavailable, RolloutNotFound, SqliteLedger
 from keraunos.ledger.codec import CallContext
+from keraunos.ledger.sqlite._checkpoint import WRITER_CHECKPOINT_PAGES
 from keraunos.ledger.sqlite._events import ContextCache
 from keraunos.ledger.sqlite._writer import GroupCommitWriter
 from keraunos.protocol import RolloutCreate, RolloutState, RolloutStatusPatch
@@ -374,3 +376,58 @@ async def test_an_inline_commit_that_fails_stores_nothing_and_forgets_call_conte
             await ledger.append_event("r", "0", "model_request", calls[k], float(k))
         stored = [e["data"] for e in await ledger.list_events("r", "0")]
         assert json.dumps(stored) == json.dumps(calls)
+
+
+async def test_a_batch_create_that_fails_on_one_rollout_stores_none_of_them(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path):
+        pass
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TRIGGER refuse AFTER INSERT ON rollouts WHEN NEW.rollout_id = 'refused' "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    conn.commit()
+    conn.close()
+    async with SqliteLedger(path) as ledger:
+        items = [RolloutCreate(input={"k": k}, rollout_id=f"r{k}") for k in range(700)]
+        items.insert(650, RolloutCreate(input={}, rollout_id="refused"))  # in the second statement
+        with pytest.raises(LedgerUnavailable):
+            await ledger.create_rollouts(items, 1.0)
+        assert await ledger.list_rollouts([RolloutState.QUEUING], 1000) == []
+        await ledger.create_rollouts(items[:10], 1.0)  # the ledger goes on
+        assert len(await ledger.list_rollouts([RolloutState.QUEUING], 1000)) == 10
+
+
+def wal_bytes(path: Path) -> int:
+    return os.path.getsize(f"{path}-wal")
+
+
+async def test_commits_leave_checkpoints_to_the_checkpoint_thread_which_starts_the_wal_over(
+    tmp_path: Path,
+) -> None:
+    # 24 MB of events (6,000 WAL frames) with the thread's rounds far apart: no COMMIT checkpoints
+    # (the writer's own threshold is 64 MB). One round of the thread then copies the WAL and, as it
+    # holds more than 4,096 frames, has it started over: the next write begins at frame 1.
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path, checkpoint_interval_s=3600.0) as ledger:
+        assert ledger._writer is not None and ledger._checkpointer is not None
+        (autocheckpoint,) = ledger._writer._conn.execute("PRAGMA wal_autocheckpoint").fetchone()
+        assert autocheckpoint == WRITER_CHECKPOINT_PAGES
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+        for k in range(240):
+            await ledger.append_event("r", "0", "custom", {"text": "x" * 100_000, "k": k}, 2.0)
+        assert wal_bytes(path) > 24_000_000  # nothing copied yet
+
+        checkpointer = ledger._checkpointer
+        conn = ledger._connect_checkpointer()
+        try:
+            busy, frames, copied = checkpointer._checkpoint(conn)
+            assert (busy, copied) == (0, frames) and frames > 5000
+            assert checkpointer.restarts == 1
+            await ledger.append_event("r", "0", "custom", {"k": "after"}, 3.0)
+            _, frames_after, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            assert 0 < frames_after < 10  # the WAL was started over
+        finally:
+            conn.close()
+        assert len(await ledger.list_events("r", "0")) == 241

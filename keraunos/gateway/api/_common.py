@@ -114,7 +114,7 @@ async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:
     422 before anything is validated or stored.
     """
     raw = await _raw_body(request)
-    if _MAYBE_BIG_INT.search(raw) is not None:
+    if _maybe_big_int(raw):
         data = _parse_lenient(raw, None)
     else:
         try:
@@ -137,6 +137,17 @@ async def read_body(request: Request, adapter: TypeAdapter[T]) -> T:
 #: A run of 19+ digits that is an integer (not part of a fraction or exponent): it may not fit
 #: 64 bits. Digits inside strings match too; that only costs the slower parser.
 _MAYBE_BIG_INT = re.compile(rb"(?<![\d.eE+\-])-?\d{19,}(?![\d.eE])")
+
+#: Every byte as b"0" if it is an ASCII digit, else b" ": a body with no run of 19 b"0"s has no
+#: 19-digit number, which `bytes.translate` and `in` tell at memory speed (~60 us for a 40 kB body of
+#: 100 rollouts, against 1.4 ms for the regular expression, whose look-behind runs at every digit).
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))
+_DIGIT_RUN = b"0" * 19
+
+
+def _maybe_big_int(raw: bytes) -> bool:
+    """Whether `raw` may hold an integer beyond 64 bits (`_MAYBE_BIG_INT`), cheaply ruled out first."""
+    return _DIGIT_RUN in raw.translate(_DIGITS_ONLY) and _MAYBE_BIG_INT.search(raw) is not None
 
 
 def _parse_lenient(raw: bytes, strict_error: orjson.JSONDecodeError | None) -> Any:

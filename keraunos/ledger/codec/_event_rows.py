@@ -76,7 +76,7 @@ def _decode_call(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], 
 
 def _decode_call_triplet(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:
     if is_wire(blob):
-        return trim_model_request(decode_wire(blob)), None
+        return trim_model_request(decode_wire(blob, request=False)), None
     return decode_model_request_triplet(blob, ctx)
 
 

@@ -191,6 +191,8 @@ def _choice_log_probs(
 
 
 def _finite_floats(values: list[Any]) -> list[float] | None:
+    if set(map(type, values)) <= {float}:  # the usual case: numpy checks them at C speed
+        return values if bool(np.isfinite(np.array(values, dtype=np.float64)).all()) else None
     out = []
     for value in values:
         try:
@@ -267,7 +269,8 @@ def _int_array(value: Any) -> np.ndarray | None:
         return None
     if isinstance(value, list) and value and _all_ints(value):
         try:
-            return np.array(value, dtype=np.int64)
+            # fromiter: less than half of `np.array`'s time on a list of ints (no dtype discovery)
+            return np.fromiter(value, dtype=np.int64, count=len(value))
         except OverflowError:
             return None
     return None

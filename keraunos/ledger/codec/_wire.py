@@ -59,8 +59,12 @@ def is_wire(blob: bytes | memoryview) -> bool:
     return blob[:1] == _MAGIC
 
 
-def decode_wire(blob: bytes | memoryview) -> dict[str, Any]:
-    """The data `encode_wire` was given. Raises `CodecError` for bytes that are not its output."""
+def decode_wire(blob: bytes | memoryview, *, request: bool = True) -> dict[str, Any]:
+    """The data `encode_wire` was given. Raises `CodecError` for bytes that are not its output.
+
+    `request=False` leaves `request` None, unread: the triplet view never looks at it, and it is
+    the longer text of a multi-turn call (every message so far).
+    """
     view = memoryview(blob)
     try:
         magic, version, head_length, request_length = _HEADER.unpack_from(view)
@@ -72,7 +76,8 @@ def decode_wire(blob: bytes | memoryview) -> dict[str, Any]:
         raise CodecError("corrupt wire model_request blob: bad header")
     data = decode_json(bytes(view[start : start + head_length]))
     try:
-        data["request"] = read_json(view[start + head_length : end])[0]
+        if request:
+            data["request"] = read_json(view[start + head_length : end])[0]
         data["response"] = read_json(view[end:])[0]
     except (ValueError, RecursionError) as exc:
         raise CodecError(f"corrupt wire model_request blob: {exc}") from exc

@@ -4,7 +4,9 @@ A call the SQLite writer commits inline (the event loop's own turn, nothing else
 in wire form (`keraunos.ledger.codec._wire`): the agent gets its answer without waiting for the encoding.
 The `Compactor` collects those rows and, once `batch` of them wait or `delay_s` after the first,
 hands them to the writer thread, at most `batch` per operation, to be encoded each against the
-previous call of its attempt and written over the wire row. Rows are compacted in commit order, so
+previous call of its attempt and written over the wire row. An operation stops after any row at
+which another write waits for the writer (`yield_to`): that write goes first, and the rest of the
+rows follow in the next operation. Rows are compacted in commit order, so
 each finds the context of the row before it in the `ContextCache`; where it cannot (evicted, never
 seen, the row before it still in wire form after a failure), the row is stored in full, which costs
 space and never correctness.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +32,9 @@ from keraunos.ledger.sqlite._events import ContextCache
 
 # The row must still hold the wire blob: a rollout deleted meanwhile may have freed its id.
 _REPLACE = "UPDATE events SET data = ? WHERE id = ? AND data = ?"
+
+#: Pause of the writer thread between two rows of a compaction (see `Compactor._compact`).
+_PAUSE_S = 0.0002
 
 log = structlog.get_logger(__name__)
 
@@ -53,16 +59,26 @@ Submit = Callable[[Callable[[sqlite3.Connection], Any]], "asyncio.Future[Any]"]
 class Compactor:
     """Collects wire rows on the event loop; compacts them on the writer thread, `batch` at a time.
 
-    The next operation is handed to the writer only once the last one committed, so a write that
-    arrives meanwhile waits behind one operation at most, never behind the whole backlog. Why
-    batches rather than a row at a time: under a closed loop of calls with nothing to wait for, each
-    operation delays the one call that arrives while it runs; batches keep that to one call in
-    `batch` (benchmarks/results/2026-11-30/proxy4.md).
+    The next operation is handed to the writer only once the last one committed, and an operation
+    ends early, after the row it is on, as soon as `yield_to()` says another write waits: a call
+    that arrives meanwhile waits for one row's encoding (~0.5 ms), not for a batch of them (32 rows
+    held the proxy's p99 at concurrency 1 near 20 ms, benchmarks/results/2026-12-01/agl-rows.md).
+    Every operation compacts one row at least, so the backlog drains under any load; and while one
+    is queued the writer is not idle, so calls commit compact and add no rows to it.
     """
 
-    def __init__(self, submit: Submit, contexts: ContextCache, *, batch: int, delay_s: float) -> None:
+    def __init__(
+        self,
+        submit: Submit,
+        contexts: ContextCache,
+        *,
+        batch: int,
+        delay_s: float,
+        yield_to: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._submit = submit
         self._contexts = contexts
+        self._yield_to = yield_to
         self._batch = max(1, batch)
         self._delay_s = max(0.0, delay_s)
         self._pending: deque[WireRow] = deque()
@@ -107,15 +123,25 @@ class Compactor:
 
     def _finished(self, fut: asyncio.Future[Any]) -> None:
         self._running = None
-        if not fut.cancelled() and (exc := fut.exception()) is not None:
-            log.warning("model calls left in wire form: compaction failed", error=str(exc))
+        if not fut.cancelled():
+            if (exc := fut.exception()) is not None:
+                log.warning("model calls left in wire form: compaction failed", error=str(exc))
+            else:  # the rows it yielded before, still first in commit order
+                self._pending.extendleft(reversed(fut.result()))
         self._start()  # the next batch, if rows wait
 
-    def _compact(self, conn: sqlite3.Connection, rows: list[WireRow]) -> None:
-        """Writer thread: rewrite `rows` (in commit order) compact."""
+    def _compact(self, conn: sqlite3.Connection, rows: list[WireRow]) -> list[WireRow]:
+        """Writer thread: rewrite `rows` (in commit order) compact, until another write waits;
+        the rows not reached, for the next operation."""
         contexts = self._contexts
         try:
-            for item in rows:
+            for index, item in enumerate(rows):
+                if index:
+                    # Let go of the GIL for a moment: an event loop waiting for it takes it now,
+                    # instead of after the interpreter's forced switch (5 ms).
+                    time.sleep(_PAUSE_S)
+                    if self._yield_to():
+                        return rows[index:]
                 prev = contexts.prev_of(item.rollout_id, item.attempt_id, item.prev_row)
                 try:
                     blob, ctx = encode_model_request(item.data, prev)
@@ -127,3 +153,4 @@ class Compactor:
         except BaseException:
             contexts.clear()  # the rows rewritten so far are rolled back with this operation
             raise
+        return []

@@ -42,6 +42,12 @@ class ContextCache:
             return None
         return chain.ctx
 
+    def last_is_wire(self, rollout_id: str, attempt_id: str) -> bool:
+        """Whether the attempt's last `model_request` row is known and still in wire form (waiting
+        for its compaction): a call appended now should follow it into the compaction, in order."""
+        chain = self._items.get((rollout_id, attempt_id))
+        return chain is not None and chain.last_row >= 0 and chain.ctx_row != chain.last_row
+
     def put(self, rollout_id: str, attempt_id: str, row: int, ctx: CallContext) -> None:
         """Row `row` was just appended, compact, with context `ctx`."""
         chain = self._entry(rollout_id, attempt_id)

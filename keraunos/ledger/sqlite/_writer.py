@@ -59,12 +59,14 @@ class GroupCommitWriter:
         max_batch: int,
         on_abort: Callable[[], None],
         inline: bool = False,
+        on_commit: Callable[[], None] | None = None,
     ) -> None:
         # `conn` must be in autocommit mode (isolation_level=None): the writer issues BEGIN/COMMIT.
         self._conn = conn
         self._path = path
         self._max_batch = max(1, max_batch)
         self._on_abort = on_abort
+        self._on_commit = on_commit
         # A Queue, not a SimpleQueue: its count of unfinished items (queued or in a batch not yet
         # committed) tells a submitter whether it may commit inline without overtaking anyone.
         self._queue: queue.Queue[tuple[Any, asyncio.Future[Any], bool]] = queue.Queue()
@@ -75,6 +77,8 @@ class GroupCommitWriter:
         self._inline = inline
         # Held while a batch runs, by the writer thread or by a submitter running one inline.
         self._batch_lock = threading.Lock()
+        # Operations of the running batch after the one running now (writer side; see `waiting`).
+        self._after_current = 0
         #: Operations handed to `submit` so far (event-loop side; tests wait on it).
         self.submitted = 0
         #: Transactions committed and operations they carried (writer side; for tests and metrics).
@@ -115,6 +119,11 @@ class GroupCommitWriter:
             return fut
         self._queue.put((op, fut, savepoint))
         return fut
+
+    def waiting(self) -> bool:
+        """Whether another write waits for the operation running now (called from inside it, on the
+        writer's thread): queued, or later in its batch. Background work checks it to stop early."""
+        return self._after_current > 0 or self._queue.qsize() > 0
 
     def _idle(self) -> bool:
         """Every operation submitted so far is committed and no `hold()` is on: an inline batch
@@ -178,7 +187,8 @@ class GroupCommitWriter:
         outcomes: list[_Outcome] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, fut, savepoint in ops:
+            for index, (op, fut, savepoint) in enumerate(ops):
+                self._after_current = len(ops) - index - 1
                 if savepoint:
                     conn.execute("SAVEPOINT op")
                 try:
@@ -195,9 +205,13 @@ class GroupCommitWriter:
                     if savepoint:
                         conn.execute("RELEASE op")
                     outcomes.append((fut, value, None))
+            self._after_current = 0
             conn.execute("COMMIT")
         except Exception as exc:
+            self._after_current = 0
             return self._abort(ops, exc)
+        if self._on_commit is not None:
+            self._on_commit()
         self.batches_committed += 1
         self.ops_committed += len(ops)
         return outcomes
