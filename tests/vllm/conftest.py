@@ -9,22 +9,46 @@ tests skip and say why; with `CI=true` they fail instead (`.ci/run` installs bot
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_support import SERVED, VllmServer, convert_smollm2, require_model_packages, require_vllm, start_vllm
+from vllm_support import (
+    LORA_ARGS,
+    SERVED,
+    VllmServer,
+    convert_smollm2,
+    require_model_packages,
+    require_vllm,
+    start_vllm,
+)
 
 from keraunos.testing.processes import Gateway
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """vLLM serving SmolLM2-135M-Instruct (float32, eager) as `SERVED`, for the whole run."""
-    python = require_vllm()
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct converted to a float32 Hugging Face directory, once per run."""
+    require_vllm()
     require_model_packages()
-    workdir = tmp_path_factory.mktemp("vllm")
-    model_dir = convert_smollm2(workdir / "smollm2")
-    server = start_vllm(python, model_dir, workdir)
+    return convert_smollm2(tmp_path_factory.mktemp("smollm2") / "smollm2")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Iterator[VllmServer]:
+    """vLLM serving SmolLM2-135M-Instruct (float32, eager) as `SERVED`, for the whole run.
+
+    Runtime LoRA loading is on (adapters of rank <= 8, two at once) for test_vllm_lora.py: a
+    request naming the base model is served by the base as without it, and a second vLLM would
+    cost its start-up again.
+    """
+    server = start_vllm(
+        require_vllm(),
+        smollm2_dir,
+        tmp_path_factory.mktemp("vllm"),
+        extra_args=LORA_ARGS,
+        extra_env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+    )
     yield server
     server.stop()
 

