@@ -85,8 +85,8 @@ class Recorder:
         pass
 
     # registry
-    async def register(self, endpoints: list[str], version: int) -> None:
-        self.calls.append(f"register {endpoints} v{version}")
+    async def register(self, endpoints: list[str], version: int, served_as: str | None = None) -> None:
+        self.calls.append(f"register {endpoints} v{version}" + (f" as {served_as}" if served_as else ""))
 
 
 def make_loop(recorder: Recorder, tmp_path: Path) -> TrainingLoop:
