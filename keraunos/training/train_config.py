@@ -209,6 +209,13 @@ class TrainConfig(LayeredSettings):
         description="Comma-separated names of the linear layers LoRA adapts (Qwen2/Llama-style default).",
     )
     device: str = Field(default="auto", description="Torch device of trainer and server: cpu, cuda, auto.")
+    nproc_per_node: int = Field(
+        default=1,
+        ge=1,
+        description="Trainer processes: N > 1 shards full-weight updates over N ranks with FSDP2 "
+        "(gloo on CPU, NCCL with one GPU each); this process is rank 0 and runs the loop and the "
+        "server (in_process serving, full weights, no resume yet).",
+    )
     seed: int = Field(default=0, description="Seed of the trainer, the server's sampling and the shuffle.")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
     resume: bool = Field(
@@ -322,7 +329,22 @@ class TrainConfig(LayeredSettings):
         if self.async_batch_size is not None and self.async_batch_size < self.batch_size:
             raise ValueError(f"async_batch_size {self.async_batch_size} < batch_size {self.batch_size}")
         self._check_serving()
+        self._check_ranks()
         return self
+
+    def _check_ranks(self) -> None:
+        if self.nproc_per_node == 1:
+            return
+        if self.serving != "in_process":
+            raise ValueError("nproc_per_node > 1 needs serving: in_process (endpoints are not sharded yet)")
+        if self.lora_rank:
+            raise ValueError(
+                "nproc_per_node > 1 trains full weights only: set lora_rank 0 (LoRA runs in one process)"
+            )
+        if self.resume:
+            raise ValueError(
+                "resume runs in one process: set nproc_per_node 1 (its checkpoints resume there)"
+            )
 
     def _check_serving(self) -> None:
         engines = bool(self.engine_urls or self.engine_replicas or self.engine_command)

@@ -108,6 +108,11 @@ class TorchBackend:
         Raises `PolicyLoadError`, `ModelLoadError` or `CheckpointError` (all `KeraunosError`s), and
         `FileNotFoundError` when `checkpoints` holds no checkpoint.
         """
+        if config.nproc_per_node > 1 and cls is TorchBackend:
+            # Several ranks: this process is rank 0 of a sharded trainer (ranks.py).
+            from keraunos.training.backends.torch.ranks import DistributedTorchBackend
+
+            return DistributedTorchBackend.open(config, checkpoints=checkpoints)
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # the run's own progress bar is the one to watch

@@ -107,11 +107,16 @@ def save_checkpoint(
     step: int,
     config: dict[str, Any],
     run_state: dict[str, Any] | None = None,
+    full_state: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> Path:
     """Write a checkpoint to `path` (which must not exist yet); returns it.
 
     `parameter_names[i]` names the optimizer's i-th parameter, so the state is stored by name and
     survives a change in parameter order. `run_state` (JSON-able) is stored beside it, as it is.
+    `full_state`: the model's and the optimizer's full state dicts gathered from the ranks of a
+    sharded trainer (`torch.distributed.checkpoint.state_dict.get_state_dict`, parameters by name),
+    written instead of `model`'s and `optimizer`'s own, so the checkpoint is the same as a single
+    process writes.
     """
     path = Path(path)
     if path.exists():
@@ -120,10 +125,14 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        model.save_pretrained(tmp / MODEL_DIR)
+        if full_state is None:
+            model.save_pretrained(tmp / MODEL_DIR)
+            tensors, groups = _optimizer_tensors(optimizer.state_dict(), parameter_names)
+        else:
+            model.save_pretrained(tmp / MODEL_DIR, state_dict=full_state[0])
+            tensors, groups = _optimizer_tensors(full_state[1], None)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / MODEL_DIR)
-        tensors, groups = _optimizer_tensors(optimizer, parameter_names)
         tensors.update(_rng_tensors())
         metadata = {
             "format": FORMAT,
@@ -202,17 +211,20 @@ def load_rng_state(path: str | Path) -> None:
 
 
 def _optimizer_tensors(
-    optimizer: torch.optim.Optimizer, parameter_names: list[str]
+    saved: dict[str, Any], parameter_names: list[str] | None
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
-    saved = optimizer.state_dict()
+    """The tensors and parameter groups of an optimizer state dict, by parameter name: its own
+    keys are indices into `parameter_names`, or (None) names already."""
+
+    def name(key: Any) -> str:
+        return str(key) if parameter_names is None else parameter_names[key]
+
     tensors: dict[str, torch.Tensor] = {}
-    for i, entries in saved["state"].items():
+    for key, entries in saved["state"].items():
         for field, value in entries.items():
             tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-            tensors[f"optimizer/{parameter_names[i]}/{field}"] = tensor.detach().cpu().contiguous()
-    groups = [
-        {**group, "params": [parameter_names[i] for i in group["params"]]} for group in saved["param_groups"]
-    ]
+            tensors[f"optimizer/{name(key)}/{field}"] = tensor.detach().cpu().contiguous()
+    groups = [{**group, "params": [name(key) for key in group["params"]]} for group in saved["param_groups"]]
     return tensors, groups
 
 

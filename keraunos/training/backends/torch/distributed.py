@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -50,11 +51,12 @@ def current_world() -> World | None:
     return World(rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)))
 
 
-def init_from_env(device: str) -> World | None:
+def init_from_env(device: str, *, timeout: timedelta | None = None) -> World | None:
     """Join the process group torchrun describes in the environment (None when `WORLD_SIZE` < 2).
 
     `device` is the trainer's (`cpu`, `cuda`, `auto`): NCCL with one GPU per local rank on CUDA,
-    gloo otherwise.
+    gloo otherwise. `timeout`: how long a collective may wait for the other ranks (torch's default
+    when None).
     """
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return None
@@ -62,7 +64,7 @@ def init_from_env(device: str) -> World | None:
         cuda = device != "cpu" and torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
     return current_world()
 
 

@@ -397,12 +397,23 @@ class TorchTrainer:
 
     def save_checkpoint(self, path: str | Path, *, run_state: dict[str, Any] | None = None) -> Path:
         """Write weights, tokenizer, optimizer state, step and config (and the training loop's
-        `run_state`, when given) to the new directory `path`."""
+        `run_state`, when given) to the new directory `path`.
+
+        Sharded over several ranks: a collective (every rank calls it); the full weights and
+        optimizer state are gathered on rank 0's CPU, which writes the same checkpoint one process
+        would (the others write nothing and return `path`).
+        """
+        full_state: tuple[dict[str, Any], dict[str, Any]] | None = None
         if self.world is not None:
-            raise CheckpointError(
-                f"cannot write {path}: checkpoints of a trainer sharded over {self.world.size} ranks "
-                "are not written yet (train in one process to checkpoint)"
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            full_state = cast(
+                tuple[dict[str, Any], dict[str, Any]],
+                get_state_dict(self.model, self.optimizer, options=options),
             )
+            if not self.world.is_main:
+                return Path(path)
         written = save_checkpoint(
             path,
             model=self.model,
@@ -412,6 +423,7 @@ class TorchTrainer:
             step=self.global_step,
             config=self.config.model_dump(mode="json"),
             run_state=run_state,
+            full_state=full_state,
         )
         log.info("checkpoint saved", path=str(written), step=self.global_step)
         return written
