@@ -2,8 +2,8 @@
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): `python distributed_worker.py MODEL BATCH OUT`.
 
 Loads the `TrainBatch` saved in BATCH (an .npz of its fields), applies one update with the trainer
-sharded over the ranks, and on rank 0 writes the gathered weights to OUT/weights.safetensors and the
-update's metrics to OUT/metrics.json.
+sharded over the ranks, and on rank 0 writes the gathered weights to OUT/weights.safetensors, the
+update's metrics to OUT/metrics.json and the gathered checkpoint to OUT/checkpoint.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def main(model: str, batch_path: str, out: str) -> None:
     trainer = TorchTrainer(TorchTrainerConfig(model_path=model, device="cpu", lr=1e-2, micro_batch_size=2))
     metrics = trainer.step(batch)
     weights = trainer.state_dict()
+    trainer.save_checkpoint(Path(out) / "checkpoint")  # a collective: rank 0 writes the gathered state
     if world.is_main:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(Path(out) / "weights.safetensors"))
         (Path(out) / "metrics.json").write_text(json.dumps(metrics))
