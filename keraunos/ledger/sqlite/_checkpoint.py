@@ -7,12 +7,14 @@ inline on the event loop (`_writer.py`) then waits for it: with a model call wri
 wire row, then its compact rewrite), one call in ~100 did, which was most of the proxy's p99 at
 concurrency 1 (benchmarks/results/2026-12-01/agl-rows.md).
 
-So the writer connection runs with `wal_autocheckpoint = 0` and this thread, on its own connection,
-runs a PASSIVE checkpoint (never blocks a writer or a reader, copies what no reader still needs)
+So this thread, on its own connection, runs a PASSIVE checkpoint (never blocks a writer or a
+reader, copies what no reader still needs)
 `interval_s` after a commit, at most. It spends its time in SQLite's C code and in fsync, without
-the GIL, ten steps nicer than the process, so the event loop keeps its core. Should it fall behind
-(a machine busy with other work starves it), the writer's connection still checkpoints by itself
-once the WAL holds `WRITER_CHECKPOINT_PAGES` (64 MB), as SQLite does at 1,000 pages. Nothing
+the GIL, ten steps nicer than the process, so the event loop keeps its core. The writer's
+connection checkpoints by itself only once the WAL holds `WRITER_CHECKPOINT_PAGES` (64 MB; SQLite's
+default is 1,000 pages): under writes that never pause, that is what starts the WAL over, and it
+finds the frames copied already; should this thread fall behind (a machine busy with other work),
+it is the fallback. Nothing
 about durability changes: a committed write is in the WAL before any checkpoint, as before; a
 crash mid-checkpoint is one SQLite recovers from on open.
 """
@@ -40,24 +42,15 @@ _NICER_BY = 10
 class Checkpointer:
     """Start with `start()`; call `committed()` after each commit (cheap); end with `stop()`."""
 
-    def __init__(
-        self,
-        connect: Callable[[], sqlite3.Connection],
-        *,
-        path: str,
-        interval_s: float,
-        restart_frames: int = 4096,
-    ) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], *, path: str, interval_s: float) -> None:
         self._connect = connect
-        self._restart_frames = max(1, restart_frames)
         self._path = path
         self._interval_s = max(0.001, interval_s)
         self._dirty = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ledger-checkpoint:{path}", daemon=True)
-        #: Checkpoint rounds run so far, and WAL restarts among them (tests wait on them).
+        #: Checkpoint rounds run so far (tests wait on it).
         self.checkpoints = 0
-        self.restarts = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -92,16 +85,15 @@ class Checkpointer:
             conn.close()
 
     def _checkpoint(self, conn: sqlite3.Connection) -> tuple[int, int, int]:
-        """One round: a PASSIVE checkpoint; then, once the WAL holds `restart_frames`, a RESTART.
+        """One round: a PASSIVE checkpoint, (busy, WAL frames, frames copied).
 
-        A PASSIVE checkpoint never resets the WAL (SQLite restarts it from its first frame only when
-        a write begins while every frame is in the file), and under steady writes frames arrive while
-        it copies: the WAL would grow without end. The RESTART blocks writers while it copies the
-        few frames that came during the PASSIVE one, then lets the next write start the WAL over
-        (and `journal_size_limit` shrink the file); it runs once per `restart_frames` frames.
+        It never resets the WAL; SQLite starts the WAL over from its first frame when a write
+        begins while every frame is in the file, which at low load is the write after a round. Under
+        writes that never pause, frames arrive while it copies, and the writer's own checkpoint at
+        `WRITER_CHECKPOINT_PAGES` does that: it finds nearly every frame copied already, so it is
+        short, and the next write starts the WAL over. (A RESTART from this thread would hold every
+        writer off while a thread of low priority copies: measured, it stalled proxied calls at
+        concurrency 64 for 100-250 ms.)
         """
         busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if busy == 0 and frames >= self._restart_frames:
-            busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-            self.restarts += busy == 0
         return busy, frames, copied

@@ -87,6 +87,11 @@ class Compactor:
         self._idle = asyncio.Event()
         self._idle.set()
 
+    @property
+    def backlog(self) -> int:
+        """Rows waiting for an operation (not those of the one under way); read on any thread."""
+        return len(self._pending)
+
     def add(self, row: WireRow) -> None:
         """Queue `row` for compaction (on the event loop)."""
         self._pending.append(row)

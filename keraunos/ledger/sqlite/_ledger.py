@@ -135,7 +135,7 @@ class SqliteLedger(Ledger):
         context_cache_size: int = 4096,
         read_threads: int = 2,
         compact_batch: int = 32,
-        compact_delay_s: float = 0.1,
+        compact_delay_s: float = 0.02,
         checkpoint_interval_s: float = 0.2,
     ) -> None:
         if durability not in ("normal", "full"):
@@ -538,12 +538,19 @@ class SqliteLedger(Ledger):
 
         # Queued behind other writes, the call is encoded by the writer thread as any event is;
         # unless the attempt's call before it still waits for its compaction (a compaction yields
-        # to queued writes): then it follows that row in wire form, so that it is stored as what
-        # it adds to it, not in full.
+        # to queued writes) and few rows wait: then it follows that row in wire form, so that it
+        # is stored as what it adds to it, not in full. Past `compact_batch` waiting rows it is
+        # encoded at once, so that under load the backlog (and the data it holds) cannot grow.
         encode = _append_op(contexts, rollout_id, attempt_id, MODEL_REQUEST, data, now)
+        compactor = self._compactor
+        follow_below = self._compact_batch
 
         def compact(conn: sqlite3.Connection) -> None:
-            if contexts.last_is_wire(rollout_id, attempt_id):
+            if (
+                compactor is not None
+                and compactor.backlog < follow_below
+                and contexts.last_is_wire(rollout_id, attempt_id)
+            ):
                 as_wire(conn)
             else:
                 encode(conn)
@@ -551,7 +558,6 @@ class SqliteLedger(Ledger):
         done = self._write(compact, savepoint=False, inline_op=as_wire)
         # An inline write has run by now (its COMMIT too): queue the row before anything can
         # cancel this coroutine. Should the COMMIT have failed, the compaction finds no such row.
-        compactor = self._compactor
         if stored and compactor is not None:
             compactor.add(stored[0])
             await done
