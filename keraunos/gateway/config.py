@@ -83,7 +83,7 @@ class GatewayConfig(LayeredSettings):
         "into the compact form this many per transaction, off the agents' path.",
     )
     compact_delay_s: float = Field(
-        default=0.02,
+        default=0.0,
         ge=0.0,
         description="SQLite ledger: how long the first such call waits for the batch to fill before "
         "it is rewritten anyway, in seconds.",

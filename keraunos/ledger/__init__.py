@@ -27,7 +27,7 @@ def open_ledger(
     durability: Durability = "normal",
     pool: PoolSettings | None = None,
     compact_batch: int = 32,
-    compact_delay_s: float = 0.02,
+    compact_delay_s: float = 0.0,
 ) -> Ledger:
     """The ledger `db` names, not yet opened (call `open()` or use `async with`).
 

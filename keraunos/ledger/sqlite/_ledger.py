@@ -135,7 +135,7 @@ class SqliteLedger(Ledger):
         context_cache_size: int = 4096,
         read_threads: int = 2,
         compact_batch: int = 32,
-        compact_delay_s: float = 0.02,
+        compact_delay_s: float = 0.0,
         checkpoint_interval_s: float = 0.2,
     ) -> None:
         if durability not in ("normal", "full"):
