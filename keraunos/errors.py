@@ -13,6 +13,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── PromptError           serving.prompts: messages the chat template cannot render
 │   ├── WeightsError          serving.runner: weights that do not fit the served model
 │   ├── ModelLoadError        serving.runner: a model directory that cannot be loaded
+│   ├── AdapterError          serving.runner: a LoRA adapter that cannot be loaded
 │   ├── GgufError             serving.gguf: a GGUF file that cannot be converted
 │   └── BatchError            training.backends.torch.batch: rows that do not make a batch
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
@@ -31,6 +32,8 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── CollectorError        training.collect: rollouts cannot be collected
     ├── TripletReadError      training._read: a triplet answer that cannot be read
     ├── CheckpointError       training.backends.torch.checkpoint: a checkpoint cannot be used
+    ├── RankError             training.backends.torch.ranks: a rank of a multi-process trainer died
+    ├── ReplicaError          training.backends.external: a replica did not take an update
     ├── PolicyLoadError       training.backends.torch.policy: the policy cannot be loaded
     └── DemoError             demo.command: the demo cannot run as asked
 ```

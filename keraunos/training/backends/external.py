@@ -36,6 +36,7 @@ import httpx
 import numpy as np
 import structlog
 
+from keraunos.errors import KeraunosError
 from keraunos.training.backends.torch.backend import trainer_config
 from keraunos.training.backends.torch.batch import TrainBatch
 from keraunos.training.backends.torch.checkpoint import (
@@ -57,7 +58,7 @@ log = structlog.get_logger("keraunos.training.backends.external")
 KEEP_WEIGHTS = 2
 
 
-class ReplicaError(Exception):
+class ReplicaError(KeraunosError):
     """A replica did not take an update; the message says what it answered."""
 
 
