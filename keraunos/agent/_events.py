@@ -66,6 +66,28 @@ def _rejected(
     return EventRejectedError(message, status=status, detail=detail)
 
 
+def _verdict(
+    env: AgentEnv,
+    retry: RetryPolicy,
+    event_type: str,
+    answer: httpx.Response | httpx.TransportError,
+    tries: int,
+) -> tuple[dict[str, Any] | None, float]:
+    """The verdict on try number `tries` of a post: `(stored event, 0)` on success, `(None, delay)`
+    to try again after `delay` seconds; raises `EventRejectedError` when the answer is final or
+    the tries are used up. Both clients loop on it, so they differ only in how they wait."""
+    if isinstance(answer, httpx.TransportError):
+        status, detail, retry_after = None, f"{type(answer).__name__}: {answer}", None
+    elif answer.is_success:
+        return answer.json(), 0.0
+    else:
+        status, detail = answer.status_code, _detail(answer)
+        retry_after = answer.headers.get("retry-after")
+    if not is_retryable(status) or tries == retry.attempts:
+        raise _rejected(env, event_type, status, detail, tries)
+    return None, retry_delay(retry, tries, retry_after)
+
+
 def _headers(env: AgentEnv) -> dict[str, str]:
     return {"Authorization": f"Bearer {env.key}"} if env.key else {}
 
@@ -91,22 +113,17 @@ class EventClient:
     def emit_event(self, event_type: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
         """Append `{event_type, data}` to this attempt; returns the stored event as the gateway sent it."""
         body = _event_body(event_type, data)
-        status: int | None = None
-        detail = ""
         for tries in range(1, self.retry.attempts + 1):
-            retry_after = None
             try:
-                response = self._http.post(self.env.event_url, json=body, headers=_headers(self.env))
+                answer: httpx.Response | httpx.TransportError = self._http.post(
+                    self.env.event_url, json=body, headers=_headers(self.env)
+                )
             except httpx.TransportError as exc:
-                status, detail = None, f"{type(exc).__name__}: {exc}"
-            else:
-                if response.is_success:
-                    return response.json()
-                status, detail = response.status_code, _detail(response)
-                retry_after = response.headers.get("retry-after")
-            if not is_retryable(status) or tries == self.retry.attempts:
-                raise _rejected(self.env, event_type, status, detail, tries)
-            time.sleep(retry_delay(self.retry, tries, retry_after))
+                answer = exc
+            stored, delay = _verdict(self.env, self.retry, event_type, answer, tries)
+            if stored is not None:
+                return stored
+            time.sleep(delay)
         raise AssertionError("unreachable: the last try returns or raises")
 
     def emit_reward(self, value: float, **info: Any) -> dict[str, Any]:
@@ -143,22 +160,17 @@ class AsyncEventClient:
     async def emit_event(self, event_type: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
         """Append `{event_type, data}` to this attempt; returns the stored event as the gateway sent it."""
         body = _event_body(event_type, data)
-        status: int | None = None
-        detail = ""
         for tries in range(1, self.retry.attempts + 1):
-            retry_after = None
             try:
-                response = await self._http.post(self.env.event_url, json=body, headers=_headers(self.env))
+                answer: httpx.Response | httpx.TransportError = await self._http.post(
+                    self.env.event_url, json=body, headers=_headers(self.env)
+                )
             except httpx.TransportError as exc:
-                status, detail = None, f"{type(exc).__name__}: {exc}"
-            else:
-                if response.is_success:
-                    return response.json()
-                status, detail = response.status_code, _detail(response)
-                retry_after = response.headers.get("retry-after")
-            if not is_retryable(status) or tries == self.retry.attempts:
-                raise _rejected(self.env, event_type, status, detail, tries)
-            await asyncio.sleep(retry_delay(self.retry, tries, retry_after))
+                answer = exc
+            stored, delay = _verdict(self.env, self.retry, event_type, answer, tries)
+            if stored is not None:
+                return stored
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last try returns or raises")
 
     async def emit_reward(self, value: float, **info: Any) -> dict[str, Any]:
