@@ -185,10 +185,15 @@ def engine_argv(config: TrainConfig, port: int, device: str = "cpu") -> list[str
 def start_engines(config: TrainConfig, run_dir: Path, device: str = "cpu") -> list[EngineChild]:
     """Start `engine_replicas` replicas on free loopback ports, without waiting for them (they load
     while the trainer does); `wait_for_engines` waits. vLLM replicas get VLLM_SERVER_DEV_MODE=1,
-    which opens the routes its weights are reloaded through."""
+    which opens the routes its weights are reloaded through, and VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    (its adapter load routes; the command still needs --enable-lora)."""
     if config.engine_command and "{port}" not in config.engine_command:
         raise TrainError("engine_command must hold {port}: each replica listens on a port the run picks")
-    extra = {"VLLM_SERVER_DEV_MODE": "1"} if config.engine_kind == "vllm" else {}
+    extra = (
+        {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        if config.engine_kind == "vllm"
+        else {}
+    )
     started: list[EngineChild] = []
     for index in range(config.engine_replicas):
         port = free_port()

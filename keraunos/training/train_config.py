@@ -97,7 +97,9 @@ class TrainConfig(LayeredSettings):
     engine_kind: Literal["keraunos", "vllm"] = Field(
         default="keraunos",
         description="Endpoints: what the replicas are, which says how weights reach them (keraunos: "
-        "POST /keraunos/weights; vllm: POST /collective_rpc reload_weights, VLLM_SERVER_DEV_MODE=1).",
+        "POST /keraunos/weights; vllm: POST /collective_rpc reload_weights, VLLM_SERVER_DEV_MODE=1) "
+        "and, with lora_rank, adapters (keraunos: POST /keraunos/adapters; vllm: POST "
+        "/v1/load_lora_adapter, --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True).",
     )
     engine_urls: str = Field(
         default="",

@@ -213,3 +213,39 @@ def test_a_replica_killed_mid_run_is_taken_out_of_routing_at_the_next_publish_an
     finally:
         for process in (first_process, second_process):
             stop_process(process, 10)
+
+
+def test_a_lora_run_on_two_started_keraunos_serve_replicas_serves_step_k_with_adapter_k_also_after_a_resume(
+    tmp_path: Path, agents_pythonpath: str
+) -> None:
+    run_dir = tmp_path / "run"
+    # Two steps, then a resumed run of the third: its fresh replicas get the checkpoint's adapter.
+    for steps, more in ((2, {}), (3, {"resume": True})):
+        config = write_config(tmp_path, steps, engine_replicas=2, lora_rank=4, **more)
+        train = start_train(tmp_path, config, agents_pythonpath)
+        try:
+            _, stderr = train.communicate(timeout=240)
+        finally:
+            stop_train(train)
+        assert train.returncode == 0, stderr[-3000:]
+
+    records = records_of(run_dir)
+    assert [(r["step"], r["version"]) for r in records] == [(s, s + 1) for s in range(3)]
+    assert all(r["publish/replicas"] == 2 and r["publish/failed_replicas"] == 0 for r in records)
+    assert all(r["collect/stale_calls"] == 0 and r["collect/unversioned_calls"] == 0 for r in records)
+    # The replicas applied the trainer's adapter: their log probs are the trainer's.
+    assert max(r["train/logprob_diff_max"] for r in records) < 1e-4
+    # Adapters, not weights, were written: once per version, the newest two kept.
+    assert sorted(p.name for p in (run_dir / "adapters").iterdir()) == ["v2", "v3"]
+    assert not (run_dir / "weights").exists()
+
+    calls = calls_by_step(tmp_path, run_dir)
+    assert sorted(calls) == [0, 1, 2]
+    for step, data in calls.items():
+        assert {d["model_version"] for d in data} == {step}
+        # Step 0 is served by the base model; step k by the adapter of version k, on both replicas
+        # (step 2 by the resumed run's replicas, which got adapter 2 from the checkpoint).
+        served = {d["server"].get("served_as") for d in data}
+        assert served == ({None} if step == 0 else {f"policy-v{step}"}), (step, served)
+    # The first run's two replicas both served calls (rendezvous hashing of the rollout ids).
+    assert len({d["server"]["endpoint"] for step in (0, 1) for d in calls[step]}) == 2

@@ -2,17 +2,34 @@
 
 `serving: endpoints` in the run's config: the replicas are running `keraunos serve` or vLLM servers
 given by URL (`engine_urls`), or `engine_replicas` of them that the run starts itself
-(`keraunos.training.stack.start_engines`, stopped with the run). The policy is the trainer's, so
-the replicas must serve the same model: at open, and after every update, `publish` writes the
-trainer's weights once, as a Hugging Face directory `RUN_DIR/weights/v<version>` (written beside,
-then renamed: a replica never reads half a directory), and tells every live replica to load it,
-all at once, each within `engine_publish_timeout_s`:
+(`keraunos.training.stack.start_engines`, stopped with the run); `engine_kind` says which, and so
+how an update reaches them. The policy is the trainer's, so the replicas must serve the same model.
+
+Full weights: at open, and after every update, `publish` writes the trainer's weights once, as a
+Hugging Face directory `RUN_DIR/weights/v<version>` (written beside, then renamed: a replica never
+reads half a directory), and tells every live replica to load it, all at once, each within
+`engine_publish_timeout_s`:
 
 - `keraunos serve`: `POST /keraunos/weights {"path": DIR, "version": n}`; the answer's version
   must be n;
 - vLLM (started with `VLLM_SERVER_DEV_MODE=1`): `POST /collective_rpc {"method":
   "reload_weights", "kwargs": {"weights_path": DIR}}` (vLLM's in-place reload from disk, every
   worker), then `POST /reset_prefix_cache` (cached prefixes were computed with the old weights).
+
+LoRA (`lora_rank`): the replicas serve the base model and keep it; `publish` writes the trainer's
+adapter once, as `RUN_DIR/adapters/v<version>` (the same way), and loads it into every live
+replica as `<served_model_name>-v<version>` (`adapter_name`), which becomes `served_as`: the loop
+registers every endpoint with it and the gateway sends it as the model of every call. Version 0
+is the base itself (nothing to publish before the first update; a resumed run re-publishes its
+checkpoint's adapter at open):
+
+- `keraunos serve`: `POST /keraunos/adapters {"name", "path"}`; the answer must list the name. It
+  has no unload route: it unloads the adapter loaded longest ago itself past `--max-adapters`;
+- vLLM (started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`):
+  `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`, after `POST /v1/unload_lora_adapter`
+  of the same name (vLLM refuses a name it knows, and an adapter of that name left by an earlier
+  run is not this run's); after each publish the run's adapters older than the previous version
+  are unloaded, so a long run does not fill vLLM's adapter list.
 
 A replica that fails (an error answer, a timeout, a refused connection) is out for good: it leaves
 `endpoints`, so the loop removes it from the gateway's registry inside the same pause, and it is
@@ -28,7 +45,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +54,7 @@ import numpy as np
 import structlog
 
 from keraunos.errors import KeraunosError
-from keraunos.training.backends.torch.backend import trainer_config
+from keraunos.training.backends.torch.backend import KEEP_ADAPTERS, trainer_config
 from keraunos.training.backends.torch.batch import TrainBatch
 from keraunos.training.backends.torch.checkpoint import (
     latest_checkpoint,
@@ -47,6 +64,7 @@ from keraunos.training.backends.torch.checkpoint import (
 )
 from keraunos.training.backends.torch.trainer import TorchTrainer
 from keraunos.training.errors import TrainError
+from keraunos.training.registry import adapter_name
 from keraunos.training.stack import EngineChild, start_engines, wait_for_engines
 from keraunos.training.train_config import TrainConfig
 from keraunos.training.trainer import RunState
@@ -65,13 +83,14 @@ class ReplicaError(KeraunosError):
 @dataclass
 class Replica:
     """One engine replica: its OpenAI base URL (with /v1), the version it serves (None: none of
-    the run's yet), whether it failed an update (then it is out for the rest of the run), and its
-    process when the run started it."""
+    the run's yet), whether it failed an update (then it is out for the rest of the run), its
+    process when the run started it, and the names of the run's adapters it holds, oldest first."""
 
     endpoint: str
     version: int | None = None
     out: bool = False
     engine: EngineChild | None = None
+    adapters: list[str] = field(default_factory=list)
 
     @property
     def root(self) -> str:
@@ -111,6 +130,51 @@ LOADERS: dict[str, Callable[[httpx.Client, str, Path, int], None]] = {
 }
 
 
+def load_adapter_into_keraunos(client: httpx.Client, root: str, name: str, path: Path) -> None:
+    """`keraunos serve`: load the PEFT adapter in `path` as `name` (a name it holds is replaced)."""
+    response = client.post(f"{root}/keraunos/adapters", json={"name": name, "path": str(path)})
+    if response.status_code != 200:
+        raise ReplicaError(f"POST /keraunos/adapters: HTTP {response.status_code}: {response.text[:200]}")
+    loaded = response.json().get("adapters")
+    if not isinstance(loaded, list) or name not in loaded:
+        raise ReplicaError(f"POST /keraunos/adapters answered adapters {loaded!r}, without {name!r}")
+
+
+def load_adapter_into_vllm(client: httpx.Client, root: str, name: str, path: Path) -> None:
+    """vLLM: load the PEFT adapter in `path` as `name`, unloading an adapter of that name first."""
+    unload_adapter_from_vllm(client, root, name)
+    body = {"lora_name": name, "lora_path": str(path)}
+    response = client.post(f"{root}/v1/load_lora_adapter", json=body)
+    if response.status_code != 200:
+        # 404 is also what a vLLM without the route answers.
+        hint = " (start vLLM with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+        raise ReplicaError(
+            f"POST /v1/load_lora_adapter: HTTP {response.status_code}: {response.text[:200]}"
+            + (hint if response.status_code == 404 else "")
+        )
+
+
+def unload_adapter_from_vllm(client: httpx.Client, root: str, name: str) -> None:
+    """vLLM: unload the adapter `name`; one vLLM does not hold (404) is no error."""
+    response = client.post(f"{root}/v1/unload_lora_adapter", json={"lora_name": name})
+    if response.status_code not in (200, 404):
+        raise ReplicaError(
+            f"POST /v1/unload_lora_adapter: HTTP {response.status_code}: {response.text[:200]}"
+        )
+
+
+#: How a LoRA adapter reaches a replica, by `engine_kind`.
+ADAPTER_LOADERS: dict[str, Callable[[httpx.Client, str, str, Path], None]] = {
+    "keraunos": load_adapter_into_keraunos,
+    "vllm": load_adapter_into_vllm,
+}
+#: How a replica lets go of an old adapter, by `engine_kind` (none: the engine unloads by itself).
+ADAPTER_UNLOADERS: dict[str, Callable[[httpx.Client, str, str], None] | None] = {
+    "keraunos": None,
+    "vllm": unload_adapter_from_vllm,
+}
+
+
 class ExternalBackend:
     """A `Trainer` (keraunos.training.trainer): one `TorchTrainer`, N engine replicas behind the gateway."""
 
@@ -126,7 +190,9 @@ class ExternalBackend:
         self.replicas = replicas
         self._config = config
         self._load = LOADERS[config.engine_kind]
-        self._weights = Path(config.run_dir) / "weights"
+        # LoRA: adapters are published instead of weights; the replicas keep the base.
+        self._lora = bool(config.lora_rank)
+        self._published = Path(config.run_dir) / ("adapters" if self._lora else "weights")
         self._restored = restored
         self._version = trainer.global_step
         #: Replicas the last `publish` took out of routing.
@@ -143,10 +209,6 @@ class ExternalBackend:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-        if getattr(config, "lora_rank", 0):
-            raise TrainError(
-                "serving: endpoints publishes full weights; train LoRA with serving: in_process for now"
-            )
         engines: list[EngineChild] = []
         if config.engine_replicas:
             (Path(config.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
@@ -160,8 +222,14 @@ class ExternalBackend:
                 else [Replica(url) for url in config.engine_endpoints]
             )
             backend = cls(trainer, replicas, config, restored=restored)
-            # Replicas given by URL may serve anything: from here on they serve the trainer's weights.
-            backend.publish()
+            if config.lora_rank and not trainer.global_step:
+                # Version 0 of a LoRA run is the base model the replicas were started with.
+                for replica in replicas:
+                    replica.version = 0
+            else:
+                # Replicas given by URL may serve anything: from here on they serve the trainer's
+                # weights (a resumed LoRA run: its checkpoint's adapter).
+                backend.publish()
         except BaseException:
             for engine in engines:
                 engine.child.stop()
@@ -177,6 +245,14 @@ class ExternalBackend:
         return self._version
 
     @property
+    def served_as(self) -> str | None:
+        """The model name that selects the current version on the replicas: a LoRA run's adapter of
+        that version (None: the served model name itself, full weights or no update yet)."""
+        if not self._lora or not self._version:
+            return None
+        return adapter_name(self._config.served_model_name, self._version)
+
+    @property
     def restored(self) -> RunState | None:
         return self._restored
 
@@ -190,13 +266,14 @@ class ExternalBackend:
         return self.trainer.step(TrainBatch.from_rows(rows, advantages, temperature=temperature))
 
     def publish(self) -> int:
-        """Write the trainer's weights once, load them into every live replica at once; the version.
+        """Write the trainer's weights (LoRA: its adapter) once, load them into every live replica
+        at once; the version.
 
         Replicas that fail are logged, listed in `failed_last` and left out of `endpoints` from now
         on; `TrainError` when none is left.
         """
         version = self.trainer.global_step
-        path = self._write_weights(version)
+        path = self._write(version)
         live = [r for r in self.replicas if not r.out]
         timeout = self._config.engine_publish_timeout_s
         started = time.perf_counter()
@@ -229,11 +306,12 @@ class ExternalBackend:
         log.info(
             "published",
             version=version,
+            adapter=self.served_as,
             replicas=len(self.endpoints),
             failed=len(self.failed_last),
             seconds=round(time.perf_counter() - started, 3),
         )
-        self._prune_weights()
+        self._prune()
         return version
 
     def checkpoint(self, directory: Path, state: RunState) -> Path:
@@ -256,33 +334,60 @@ class ExternalBackend:
         """Load `path` into `replica`; None when it did, else what went wrong."""
         if replica.engine is not None and replica.engine.child.process.poll() is not None:
             return f"its process exited with status {replica.engine.child.process.returncode}"
+        name = adapter_name(self._config.served_model_name, version)
         try:
-            self._load(client, replica.root, path, version)
+            if self._lora:
+                ADAPTER_LOADERS[self._config.engine_kind](client, replica.root, name, path)
+            else:
+                self._load(client, replica.root, path, version)
         except ReplicaError as exc:
             return str(exc)
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
+        if self._lora:
+            replica.adapters = [a for a in replica.adapters if a != name] + [name]
+            self._unload_old(client, replica)
         return None
 
-    def _write_weights(self, version: int) -> Path:
-        """`RUN_DIR/weights/v<version>`, written once (kept when it exists: a retried publish)."""
-        path = self._weights / f"v{version}"
-        if path.is_dir():
-            return path
-        partial = self._weights / f".v{version}.partial"
+    def _unload_old(self, client: httpx.Client, replica: Replica) -> None:
+        """Unload the run's adapters older than the previous version from `replica`; a failure is
+        logged only (no call is routed to an old adapter, it only takes up a slot)."""
+        old, replica.adapters = replica.adapters[:-KEEP_ADAPTERS], replica.adapters[-KEEP_ADAPTERS:]
+        unload = ADAPTER_UNLOADERS[self._config.engine_kind]
+        if unload is None:
+            return  # the engine unloads the adapter loaded longest ago itself
+        for name in old:
+            try:
+                unload(client, replica.root, name)
+            except (ReplicaError, httpx.HTTPError) as exc:
+                log.warning(
+                    "could not unload an old adapter", endpoint=replica.endpoint, adapter=name, error=str(exc)
+                )
+
+    def _write(self, version: int) -> Path:
+        """`RUN_DIR/weights/v<version>` (LoRA: `RUN_DIR/adapters/v<version>`), written beside and
+        renamed into place. A directory of that version left by a killed run is replaced: the
+        resumed trainer's update of that version is not the killed one's."""
+        path = self._published / f"v{version}"
+        partial = self._published / f".v{version}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        self.trainer.save_model(partial)
+        if self._lora:
+            self.trainer.save_adapter(partial)
+        else:
+            self.trainer.save_model(partial)
+        shutil.rmtree(path, ignore_errors=True)
         partial.rename(path)
         return path
 
-    def _prune_weights(self) -> None:
-        """Remove all but the newest `KEEP_WEIGHTS` weights directories."""
+    def _prune(self) -> None:
+        """Remove all but the newest `KEEP_WEIGHTS` weights (`KEEP_ADAPTERS` adapter) directories."""
+        keep = KEEP_ADAPTERS if self._lora else KEEP_WEIGHTS
         found = sorted(
-            (p for p in self._weights.glob("v*") if p.is_dir() and p.name[1:].isdigit()),
+            (p for p in self._published.glob("v*") if p.is_dir() and p.name[1:].isdigit()),
             key=lambda p: int(p.name[1:]),
         )
-        for old in found[:-KEEP_WEIGHTS]:
+        for old in found[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
 
 
