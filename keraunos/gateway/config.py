@@ -130,6 +130,20 @@ class GatewayConfig(LayeredSettings):
     proxy_max_connections: int = Field(
         default=1024, ge=1, description="Most open connections to model endpoints, all endpoints together."
     )
+    exact_tokens: bool = Field(
+        default=False,
+        description="Send chat calls to the engine as exact token ids: the previous call's prompt "
+        "and sampled ids, then the template's rendering of the new turns (vLLM's "
+        "kv_transfer_params.prompt_token_ids and /tokenize), so that multi-turn calls extend each "
+        "other although the engine re-tokenises replies. A call it cannot splice goes as rendered "
+        "(counted in keraunos_proxy_exact_fallbacks_total). docs/training-data.md",
+    )
+    exact_tokens_memory_ids: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="--exact-tokens: most token ids the gateway remembers of recent calls (8 bytes "
+        "each), over all attempts; the least recently active attempts are forgotten first.",
+    )
     gc_threshold: int = Field(
         default=10_000,
         ge=0,

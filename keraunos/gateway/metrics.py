@@ -24,6 +24,9 @@ Metrics (every name starts with `keraunos_`):
   committed); the `inflight` of `GET /proxy/state`.
 - `proxy_prompt_tokens_total{mode}`, `proxy_completion_tokens_total{mode}`: tokens of the
   recorded calls, from the upstream's `usage`.
+- `proxy_exact_spliced_total`, `proxy_exact_fallbacks_total{reason}`: with `--exact-tokens`, chat
+  calls sent with exact prompt ids, and those sent as rendered by the engine, by why
+  (`keraunos.gateway.proxy.exact.FALLBACK_REASONS`, each shown from 0 when the option is on).
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ class GatewayMetrics:
         self._overhead = _Histogram(_FAST_BUCKETS)
         self._commit = _Histogram(_FAST_BUCKETS)
         self._inflight: Callable[[], float] = lambda: 0
+        self._exact_spliced = 0
+        self._exact_fallbacks: dict[str, int] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -146,6 +151,19 @@ class GatewayMetrics:
     def record_failed(self) -> None:
         """Count a call that could not be recorded (ledger unavailable, rollout gone)."""
         self._record_failures += 1
+
+    def exact_spliced(self) -> None:
+        """Count a chat call sent with exact prompt ids (`--exact-tokens`)."""
+        self._exact_spliced += 1
+
+    def exact_reasons(self, reasons: Sequence[str]) -> None:
+        """Show each of `reasons` in `proxy_exact_fallbacks_total` from 0 (the option is on)."""
+        for reason in reasons:
+            self._exact_fallbacks.setdefault(reason, 0)
+
+    def exact_fallback(self, reason: str) -> None:
+        """Count a chat call sent as the engine renders it although `--exact-tokens` is on."""
+        self._exact_fallbacks[reason] = self._exact_fallbacks.get(reason, 0) + 1
 
     def collect(self) -> Iterator[Metric]:
         """The metrics as `prometheus_client` families (the registry calls this at scrape time)."""
@@ -199,6 +217,19 @@ class GatewayMetrics:
             for mode, count in counts.items():
                 family.add_metric((mode,), count)
             yield family
+        yield CounterMetricFamily(
+            "keraunos_proxy_exact_spliced",
+            "Chat calls sent with exact prompt ids (--exact-tokens).",
+            value=self._exact_spliced,
+        )
+        fallbacks = CounterMetricFamily(
+            "keraunos_proxy_exact_fallbacks",
+            "Chat calls sent as the engine renders them although --exact-tokens is on, by why.",
+            labels=("reason",),
+        )
+        for reason, count in self._exact_fallbacks.items():
+            fallbacks.add_metric((reason,), count)
+        yield fallbacks
 
     def render(self) -> bytes:
         """Every metric in the Prometheus text exposition format."""

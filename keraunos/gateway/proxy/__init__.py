@@ -2,7 +2,8 @@
 
 `routing` picks the endpoint, `shaping` the forwarded body, `record` the event (all three pure);
 `upstream` makes the call with retries, `routes` is the HTTP shell (`pause_routes` its pause and
-drain routes), `state` and `cache` hold what lives on the app.
+drain routes), `state` and `cache` hold what lives on the app. `exact` (pure) and `exact_tokens`
+(its `/tokenize` calls) are the `--exact-tokens` option.
 """
 
 from keraunos.gateway.proxy import pause_routes  # noqa: F401  (registers the pause routes on `router`)

@@ -30,6 +30,7 @@ def model_request_data(
     payload: bytes | None,
     sampling: Sampling,
     answer: Answer,
+    exact_tokens: bool = False,
 ) -> Recorded:
     """The record of `answer` to `request` (the body sent upstream), success or error.
 
@@ -38,7 +39,7 @@ def model_request_data(
 
     A body that is not a JSON object is recorded as `status: "error"` whatever the HTTP status (a
     200 carrying an event stream or an HTML page holds no training data): `response.error` keeps
-    the body's text and says why (`reason`).
+    the body's text and says why (`reason`). `exact_tokens`: see `call_data`.
     """
     status = status_of(answer.status)
     try:
@@ -57,6 +58,7 @@ def model_request_data(
         status=status,
         attempts=answer.attempts,
         latency_ms=answer.latency_ms,
+        exact_tokens=exact_tokens,
     )
     return Recorded(data, None if payload is None else WireCall(payload, answer.body))
 
@@ -72,13 +74,17 @@ def call_data(
     status: str,
     attempts: int,
     latency_ms: float,
+    exact_tokens: bool = False,
 ) -> dict[str, Any]:
     """`data` of a `model_request` event from its parts: the one shape of streamed and unstreamed calls.
 
     `response` is the parsed upstream body (the assembled one for a stream; None when the agent left
     before any answer); `endpoint` None means no attempt was made; `attempts` counts the attempts.
+    `exact_tokens`: the call went with exact prompt ids (`--exact-tokens`), which `request` leaves
+    out (they are the response's `prompt_token_ids`; a copy in each call's request would make a
+    rollout's storage grow with the square of its turns); `server.exact_tokens` then says so.
     """
-    return {
+    data = {
         "model": served_model,
         "model_version": endpoint.version if endpoint is not None else None,
         "request": request,
@@ -98,6 +104,9 @@ def call_data(
         "finish_reason": finish_reason_of(response),
         "sampling": sampling.as_dict(),
     }
+    if exact_tokens:  # keraunos extension: the prompt ids were sent, not rendered by the engine
+        data["server"]["exact_tokens"] = True
+    return data
 
 
 def status_of(http_status: int) -> str:

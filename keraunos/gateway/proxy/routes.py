@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from keraunos.gateway._errors import openai_error
 from keraunos.gateway.api._common import TOO_DEEP_MESSAGE, LeanRoute, _raw_body, dump_bounded, id_checked
 from keraunos.gateway.proxy.disconnect import DisconnectWatch
+from keraunos.gateway.proxy.exact import with_prompt_ids
 from keraunos.gateway.proxy.record import (
     CLIENT_DISCONNECTED,
     call_data,
@@ -52,6 +53,7 @@ log = structlog.get_logger("keraunos.gateway.proxy")
 
 #: Paths under `.../openai/v1/` that are model calls.
 CALL_PATHS: frozenset[str] = frozenset(("chat/completions", "completions"))
+CHAT = "chat/completions"
 _JSON = "application/json"
 
 
@@ -122,6 +124,7 @@ class _Call:
     stream: bool
     started: float  # perf_counter() when the call was admitted
     upstream_at: float = 0.0  # perf_counter() when the first upstream attempt began
+    spliced: Any = None  # --exact-tokens: the prompt ids sent instead of the messages' rendering
 
     def data(
         self,
@@ -143,7 +146,14 @@ class _Call:
             status=status,
             attempts=attempts,
             latency_ms=latency_ms,
+            exact_tokens=self.spliced is not None,
         )
+
+    def remember(self, data: dict[str, Any]) -> None:
+        """--exact-tokens: keep a recorded ok chat call for the attempt's next calls to extend."""
+        exact = self.state.exact
+        if exact is not None and self.path == CHAT and data["status"] == "ok":
+            exact.remember(self.rollout_id, self.attempt_id, self.request, data["response"], self.spliced)
 
     async def commit(
         self, data: dict[str, Any], wire: WireCall | None = None
@@ -229,13 +239,28 @@ async def _forward(
     if streamed:
         shaped, agent_asked = ask_for_usage(shaped)
         strip_usage = not agent_asked
+    spliced = None
+    if state.exact is not None and path == CHAT:
+        spliced = await state.exact.prompt_ids(
+            state.session,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            request=shaped,
+            endpoints=endpoints,
+            cooldowns=state.cooldowns,
+            model=upstream_model,
+            now=time.monotonic(),
+        )
     try:
-        payload = dump_bounded(shaped)  # the depth check rides on the serialisation
+        # the depth check rides on the serialisation; exact prompt ids go upstream, not in the record
+        payload = dump_bounded(shaped if spliced is None else with_prompt_ids(shaped, spliced))
     except (TypeError, ValueError) as exc:  # e.g. a lone surrogate in a string
         return gateway_error(400, f"Request body cannot be forwarded as JSON: {exc}")
     if payload is None:
         return gateway_error(400, f"Request body: {TOO_DEEP_MESSAGE}", code="json_too_deep")
-    call = _Call(state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started)
+    call = _Call(
+        state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started, spliced=spliced
+    )
     progress = Progress()
     watch = DisconnectWatch(request.receive, state.watches)
     call.upstream_at = time.perf_counter()
@@ -253,6 +278,9 @@ async def _forward(
                 progress=progress,
                 conversation=f"{rollout_id}/{attempt_id}",
             )
+            if spliced is not None and _refused(outcome):
+                payload, outcome = await _as_rendered(call, endpoints, progress, outcome)
+                spliced = None
     except asyncio.CancelledError:
         if not watch.disconnected:
             raise
@@ -281,9 +309,10 @@ async def _forward(
     recorded = model_request_data(
         served_model=config.served_model,
         request=shaped,
-        payload=payload if exact else None,
+        payload=payload if exact and spliced is None else None,
         sampling=sampling,
         answer=outcome,
+        exact_tokens=spliced is not None,
     )
     data = recorded.data
     if data["status"] == "error" and 200 <= outcome.status < 300:
@@ -295,6 +324,8 @@ async def _forward(
             http_status=outcome.status,
         )
     error = await call.commit(data, recorded.wire)
+    if error is None and state.exact is not None:
+        call.remember(data)
     upstream_s = outcome.latency_ms / 1000.0
     call.count(data, upstream_s, time.perf_counter() - started - upstream_s, outcome.attempts)
     if isinstance(error, LedgerUnavailable):
@@ -329,6 +360,39 @@ async def _agent_left(call: _Call, progress: Progress) -> Response:
         waited_ms=round(waited * 1000.0, 1),
     )
     return Response(b"", status_code=499)  # nobody reads it: the connection is gone
+
+
+async def _as_rendered(
+    call: _Call, endpoints: Sequence[Model], progress: Progress, refused: Answer | Failure | Opened
+) -> tuple[bytes, Answer | Failure | Opened]:
+    """--exact-tokens: send a call whose exact prompt ids the engine refused again as it renders it
+    (the ids may be what it refused, not the agent's body); the payload sent and the outcome."""
+    state = call.state
+    if state.exact is not None and isinstance(refused, Answer):
+        state.exact.refused(call.rollout_id, call.attempt_id, refused.status, refused.body)
+    call.spliced = None
+    payload = dump_bounded(call.request)
+    assert payload is not None, "the body with prompt ids was serialised, so it is without them"
+    outcome = await call_upstream(
+        state.session,
+        rollout_id=call.rollout_id,
+        endpoints=endpoints,
+        path=call.path,
+        body=payload,
+        policy=state.policy,
+        cooldowns=state.cooldowns,
+        stream=call.stream,
+        progress=progress,
+        conversation=f"{call.rollout_id}/{call.attempt_id}",
+    )
+    return payload, outcome
+
+
+def _refused(outcome: Answer | Failure | Opened) -> bool:
+    """Whether the engine refused the request itself (a 4xx other than the retryable ones)."""
+    return (
+        isinstance(outcome, Answer) and 400 <= outcome.status < 500 and outcome.status not in (408, 409, 429)
+    )
 
 
 def _uncancel() -> None:
@@ -433,6 +497,8 @@ class StreamedCall(Response):
             latency_ms=latency_s * 1000.0,
         )
         error = await call.commit(data)
+        if error is None and call.state.exact is not None:
+            call.remember(data)
         if status == CLIENT_DISCONNECTED:
             log.info(
                 "agent disconnected during a stream; upstream call cancelled",

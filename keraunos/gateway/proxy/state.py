@@ -19,6 +19,7 @@ from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics
 from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts
 from keraunos.gateway.proxy.disconnect import WatchScheduler
+from keraunos.gateway.proxy.exact_tokens import ExactTokens
 from keraunos.gateway.proxy.routing import Cooldowns
 from keraunos.gateway.proxy.upstream import RetryPolicy
 from keraunos.gateway.replicas import Coordination, LocalCoordination, Pause
@@ -60,6 +61,10 @@ class ProxyState:
             cooldown_s=config.endpoint_cooldown_s,
         )
         self.temperatures = {"train": config.train_temperature, "val": config.val_temperature}
+        # --exact-tokens: None when off, so a call pays one attribute test for the option.
+        self.exact: ExactTokens | None = (
+            ExactTokens(config.exact_tokens_memory_ids, self.metrics) if config.exact_tokens else None
+        )
         self.created = int(time.time())
         self._session: aiohttp.ClientSession | None = None
 

@@ -1,0 +1,404 @@
+"""The exact-token option (`--exact-tokens`): which earlier call a chat call continues, and the prompt
+ids that continue it exactly (`keraunos.gateway.proxy.exact`), then the option in a real gateway.
+
+The pure tests render prompts with a small ChatML-like template over character ids, so that a
+"sampled" reply can be given ids its text would never tokenise to, as a model at temperature 1.0
+does; the exact prompt must carry those ids, not the re-tokenised text. The gateway tests run a real
+gateway against the engine stand-in, which has no `/tokenize` (like `keraunos serve`): the option
+must then send every call unchanged, and count why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from keraunos import prefix
+from keraunos.gateway.proxy import exact
+from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway
+
+IM_START, IM_END = 1, 2
+
+
+def tok(text: str) -> list[int]:
+    """The template's tokeniser: one id per character."""
+    return [1000 + ord(char) for char in text]
+
+
+def render(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    """ChatML over character ids, as vLLM's /tokenize would give it."""
+    ids: list[int] = []
+    for message in messages:
+        ids += [
+            IM_START,
+            *tok(f"{message['role']}\n"),
+            *tok(message.get("content") or ""),
+            IM_END,
+            *tok("\n"),
+        ]
+    if add_generation_prompt:
+        ids += [IM_START, *tok("assistant\n")]
+    return ids
+
+
+def sampled(text: str, *, stopped: bool) -> list[int]:
+    """Ids a model might sample for `text`: two characters an id, never what `tok` gives."""
+    ids = [5000 + i for i in range(0, len(text), 2)]
+    return [*ids, IM_END] if stopped else ids
+
+
+def response(prompt: list[int], *replies: tuple[str, list[int], str]) -> dict[str, Any]:
+    """A vLLM chat answer with `return_token_ids`: (content, token_ids, finish_reason) per choice."""
+    return {
+        "prompt_token_ids": prompt,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "token_ids": ids,
+                "finish_reason": why,
+            }
+            for i, (text, ids, why) in enumerate(replies)
+        ],
+    }
+
+
+def keep(memory: exact.Memory, request: dict[str, Any], answer: dict[str, Any]) -> None:
+    """Remember a recorded call of attempt (r, 0)."""
+    turn = exact.turn_of(request, answer)
+    assert turn is not None
+    memory.remember("r", "0", turn)
+
+
+def exact_prompt(memory: exact.Memory, request: dict[str, Any]) -> np.ndarray | exact.Miss:
+    """What the shell does, with `render` in place of the engine's /tokenize."""
+    if (reason := exact.unsupported(request)) is not None:
+        return exact.Miss(reason)
+    match = exact.find(memory.turns("r", "0"), request)
+    if isinstance(match, exact.Miss):
+        return match
+    y_body, x_body = exact.render_bodies(match, request, "m")
+    return exact.splice(
+        match, render(y_body["messages"]), render(x_body["messages"], x_body["add_generation_prompt"])
+    )
+
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+USER = {"role": "user", "content": "Tell me about bees."}
+
+
+def first_call(memory: exact.Memory, reply: str, *, stopped: bool) -> tuple[list[int], list[int]]:
+    """Record a first call (rendered as usual) and return its prompt and sampled ids."""
+    prompt = render([SYSTEM, USER])
+    ids = sampled(reply, stopped=stopped)
+    request = {"messages": [SYSTEM, USER]}
+    turn = exact.turn_of(request, response(prompt, (reply, ids, "stop" if stopped else "length")))
+    assert turn is not None
+    memory.remember("r", "0", turn)
+    return prompt, ids
+
+
+def test_the_next_prompt_carries_the_sampled_ids_then_the_templates_glue_after_a_reply_cut_at_max_tokens() -> (
+    None
+):
+    memory = exact.Memory(10_000)
+    prompt, ids = first_call(memory, "Bees make honey", stopped=False)
+    follow_up = {"role": "user", "content": "Why?"}
+    request = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "Bees make honey"}, follow_up]}
+
+    ids_sent = exact_prompt(memory, request)
+
+    glue = [IM_END, *tok("\n"), *render([follow_up])]
+    assert isinstance(ids_sent, np.ndarray)
+    assert ids_sent.tolist() == [*prompt, *ids, *glue]
+    assert prefix.extends(np.asarray(prompt), np.asarray(ids), ids_sent) == len(prompt) + len(ids)
+
+
+def test_an_end_of_turn_token_the_model_sampled_is_not_repeated_by_the_templates_copy() -> None:
+    memory = exact.Memory(10_000)
+    prompt, ids = first_call(memory, "Bees make honey.", stopped=True)
+    follow_up = {"role": "user", "content": "Why?"}
+    request = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "Bees make honey."}, follow_up]}
+
+    ids_sent = exact_prompt(memory, request)
+
+    assert isinstance(ids_sent, np.ndarray)
+    assert ids_sent.tolist() == [
+        *prompt,
+        *ids,
+        *tok("\n"),
+        *render([follow_up]),
+    ]  # one IM_END: the sampled one
+
+
+def test_over_many_turns_every_prompt_extends_the_previous_prompt_and_sampled_reply() -> None:
+    memory = exact.Memory(100_000)
+    messages: list[dict[str, Any]] = [SYSTEM, USER]
+    previous: tuple[np.ndarray, np.ndarray] | None = None
+    for turn in range(6):
+        request = {"messages": list(messages)}
+        ids_sent = exact_prompt(memory, request) if previous else np.asarray(render(messages))
+        assert isinstance(ids_sent, np.ndarray), ids_sent
+        if previous is not None:
+            assert prefix.extends(previous[0], previous[1], ids_sent) is not None
+        reply = f"Reply number {turn}, sampled in pieces."
+        ids = np.asarray(sampled(reply, stopped=turn % 2 == 0))
+        answer = response(ids_sent.tolist(), (reply, ids.tolist(), "stop" if turn % 2 == 0 else "length"))
+        recorded = exact.turn_of(request, answer)
+        assert recorded is not None
+        memory.remember("r", "0", recorded)
+        previous = (ids_sent, ids)
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"And {turn}?"}]
+
+
+def test_the_choice_the_agent_went_on_with_is_spliced_and_two_equal_replies_with_other_ids_are_ambiguous() -> (
+    None
+):
+    memory = exact.Memory(10_000)
+    prompt = render([SYSTEM, USER])
+    two = response(prompt, ("Honey.", [7001, 7002], "length"), ("Wax.", [7003], "length"))
+    keep(memory, {"messages": [SYSTEM, USER]}, two)
+    request = {
+        "messages": [SYSTEM, USER, {"role": "assistant", "content": "Wax."}, {"role": "user", "content": "?"}]
+    }
+
+    ids_sent = exact_prompt(memory, request)
+    assert isinstance(ids_sent, np.ndarray)
+    assert ids_sent[len(prompt) : len(prompt) + 2].tolist() == [7003, IM_END]
+
+    same = response(prompt, ("Wax.", [7003], "length"), ("Wax.", [7004, 7005], "length"))
+    keep(memory, {"messages": [SYSTEM, USER]}, same)
+    assert exact_prompt(memory, request) == exact.Miss(exact.AMBIGUOUS_CHOICE)
+
+
+def test_a_request_continues_the_latest_remembered_call_whose_messages_and_reply_it_repeats() -> None:
+    memory = exact.Memory(10_000)
+    prompt = render([SYSTEM, USER])
+    for reply, ids in (("First try.", [7001]), ("Second try.", [7002])):  # the agent retried its call
+        keep(memory, {"messages": [SYSTEM, USER]}, response(prompt, (reply, ids, "length")))
+    going_on = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "First try."}]}
+
+    ids_sent = exact_prompt(memory, going_on)
+
+    assert isinstance(ids_sent, np.ndarray)
+    assert ids_sent[len(prompt)] == 7001
+
+
+def test_a_history_the_agent_edited_or_a_changed_tool_list_falls_back_with_its_reason() -> None:
+    memory = exact.Memory(10_000)
+    first_call(memory, "Bees make honey", stopped=False)
+    edited = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "Bees make wax"}]}
+    summarised = {
+        "messages": [{"role": "system", "content": "Summary."}, {"role": "user", "content": "Go on."}]
+    }
+    with_tools = {
+        "messages": [SYSTEM, USER, {"role": "assistant", "content": "Bees make honey"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    }
+
+    assert exact_prompt(memory, edited) == exact.Miss(exact.MESSAGES_DIFFER)
+    assert exact_prompt(memory, summarised) == exact.Miss(exact.MESSAGES_DIFFER)
+    assert exact_prompt(memory, with_tools) == exact.Miss(exact.RENDER_CHANGED)
+    assert exact.find(exact.Memory(1).turns("r", "0"), edited) == exact.Miss(exact.MESSAGES_DIFFER)
+
+
+def test_a_tool_call_reply_matches_when_the_agent_sends_it_back_without_its_id_and_not_with_other_arguments() -> (
+    None
+):
+    memory = exact.Memory(10_000)
+    call = {"id": "call-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    answer = response(render([SYSTEM, USER]), ("", [7001, 7002], "tool_calls"))
+    answer["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+    keep(memory, {"messages": [SYSTEM, USER]}, answer)
+    tool = {"role": "tool", "tool_call_id": "call-1", "content": "2"}
+    without_id = {"type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    other = {"id": "call-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
+
+    sent_back = {
+        "messages": [SYSTEM, USER, {"role": "assistant", "content": None, "tool_calls": [without_id]}, tool]
+    }
+    assert isinstance(exact_prompt(memory, sent_back), np.ndarray)
+    match = exact.find(memory.turns("r", "0"), sent_back)
+    assert isinstance(match, exact.Match)
+    y_body, x_body = exact.render_bodies(match, sent_back, "m")
+    assert x_body["messages"][2] == {"role": "assistant", "content": ""}  # no tool calls rendered twice
+    assert y_body["messages"] == [SYSTEM, USER] and y_body["add_generation_prompt"] is True
+    changed = {
+        "messages": [SYSTEM, USER, {"role": "assistant", "content": None, "tool_calls": [other]}, tool]
+    }
+    assert exact_prompt(memory, changed) == exact.Miss(exact.MESSAGES_DIFFER)
+
+
+def test_a_template_that_does_not_render_the_reply_after_its_generation_prompt_falls_back() -> None:
+    memory = exact.Memory(10_000)
+    first_call(memory, "Bees make honey", stopped=False)
+    request = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "Bees make honey"}]}
+    match = exact.find(memory.turns("r", "0"), request)
+    assert isinstance(match, exact.Match)
+    y = render([SYSTEM, USER])
+    # e.g. a template that renders a generation prompt with a marker its assistant turns lack
+    assert exact.splice(match, [*y, 9], [*y, 8, IM_END]) == exact.Miss(exact.TEMPLATE_MISMATCH)
+
+
+def test_requests_the_engine_must_render_itself_are_unsupported() -> None:
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+    text_parts = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert exact.unsupported({"messages": [image]}) == exact.UNSUPPORTED_REQUEST
+    assert exact.unsupported({"messages": [USER], "echo": True}) == exact.UNSUPPORTED_REQUEST
+    assert (
+        exact.unsupported({"messages": [USER], "kv_transfer_params": {"prompt_token_ids": [1]}}) is not None
+    )
+    assert exact.unsupported({"messages": "hi"}) == exact.UNSUPPORTED_REQUEST
+    assert exact.unsupported({"messages": [text_parts], "kv_transfer_params": {"other": 1}}) is None
+
+
+def test_calls_without_ids_or_without_a_generation_prompt_are_not_remembered() -> None:
+    prompt = render([SYSTEM, USER])
+    assert exact.turn_of({"messages": [USER]}, {"choices": []}) is None
+    assert exact.turn_of({"messages": [USER]}, response(prompt, ("x", [], "stop"))) is None
+    assert (
+        exact.turn_of(
+            {"messages": [USER], "continue_final_message": True}, response(prompt, ("x", [1], "stop"))
+        )
+        is None
+    )
+    assert exact.turn_of({"messages": [USER]}, response([*prompt, -1], ("x", [1], "stop"))) is None
+    assert exact.turn_of({"messages": [USER]}, response(prompt, ("x", [1], "stop"))) is not None
+
+
+def test_the_ids_go_in_kv_transfer_params_beside_the_agents_own_keys_and_the_request_is_not_changed() -> None:
+    request = {"messages": [USER], "kv_transfer_params": {"do_remote_decode": False}}
+    sent = exact.with_prompt_ids(request, np.asarray([3, 4]))
+    assert sent["kv_transfer_params"]["do_remote_decode"] is False
+    assert sent["kv_transfer_params"]["prompt_token_ids"].tolist() == [3, 4]
+    assert request == {"messages": [USER], "kv_transfer_params": {"do_remote_decode": False}}
+
+
+def test_the_memory_keeps_four_calls_an_attempt_and_forgets_the_least_recently_active_attempt_over_budget() -> (
+    None
+):
+    memory = exact.Memory(max_ids=30)
+    turn = exact.turn_of({"messages": [USER]}, response(list(range(8)), ("x", [9, 10], "stop")))
+    assert turn is not None and turn.size == 10
+    for _ in range(6):
+        memory.remember("r", "a", turn)
+    assert len(memory.turns("r", "a")) == exact.CALLS_PER_ATTEMPT and memory.ids == 40  # alone: kept
+    memory.remember("r", "b", turn)
+    assert memory.turns("r", "a") == [] and memory.ids == 10
+    memory.remember("r", "c", turn)
+    memory.turns("r", "b")  # b is now the most recently active
+    memory.remember("r", "d", turn)
+    memory.remember("r", "d", turn)
+    assert memory.turns("r", "c") == [] and len(memory.turns("r", "b")) == 1 and memory.ids == 30
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "role",
+                    "content",
+                    "tool_calls",
+                    "function",
+                    "id",
+                    "type",
+                    "messages",
+                    "choices",
+                    "token_ids",
+                    "prompt_token_ids",
+                    "message",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(request=_JSON, answer=_JSON)
+def test_records_and_requests_of_any_shape_give_a_turn_a_match_or_a_reason_never_an_exception(
+    request: Any, answer: Any
+) -> None:
+    memory = exact.Memory(1000)
+    turn = exact.turn_of(request, answer)
+    if turn is not None:
+        memory.remember("r", "0", turn)
+    if isinstance(request, dict) and exact.unsupported(request) is None:
+        assert isinstance(exact.find(memory.turns("r", "0"), request), exact.Match | exact.Miss)
+
+
+# -- in a gateway --------------------------------------------------------------------------------
+
+
+def fallbacks(gateway: Gateway) -> dict[str, float]:
+    with gateway.client() as api:
+        text = api.get("/metrics").text
+    counts = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "keraunos_proxy_exact_fallbacks_total":
+                counts[sample.labels["reason"]] = sample.value
+            elif sample.name == "keraunos_proxy_exact_spliced_total":
+                counts["spliced"] = sample.value
+    return counts
+
+
+@pytest.fixture(scope="module")
+def exact_gateway(session_gateway_factory: Any, engine: Engine) -> Gateway:
+    """A gateway with --exact-tokens in front of the engine stand-in (which has no /tokenize)."""
+    gateway = session_gateway_factory(args=("--served-model", SERVED_MODEL, "--exact-tokens", "true"))
+    gateway.register([engine])
+    return gateway
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stream", [False, True])
+def test_with_an_engine_without_tokenize_every_call_goes_as_rendered_and_is_counted(
+    exact_gateway: Gateway, new_id: Any, stream: bool
+) -> None:
+    before = fallbacks(exact_gateway)
+    rollout_id = new_id("exact")
+    with exact_gateway.client() as api:
+        assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}]).status_code == 201
+    url = f"{exact_gateway.proxy_base(rollout_id)}/chat/completions"
+    messages: list[dict[str, Any]] = [USER]
+    with httpx.Client(headers=exact_gateway.headers, timeout=30) as client:
+        for _ in range(3):
+            body = {"messages": messages, "max_tokens": 4, "stream": stream}
+            answer = client.post(url, json=body)
+            assert answer.status_code == 200, answer.text
+            if stream:
+                reply = "".join(
+                    chunk["choices"][0]["delta"].get("content") or ""
+                    for line in answer.text.splitlines()
+                    if line.startswith("data: {")
+                    and (chunk := httpx.Response(200, content=line[6:]).json())["choices"]
+                )
+            else:
+                reply = answer.json()["choices"][0]["message"]["content"]
+            messages = [
+                *messages,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": "more"},
+            ]
+    after = fallbacks(exact_gateway)
+    assert after["no_earlier_call"] - before["no_earlier_call"] == 1
+    assert after["tokenize_failed"] - before["tokenize_failed"] == 2
+    assert after["spliced"] == before["spliced"]
+    with exact_gateway.client() as api:
+        events = api.get(f"/api/rollouts/{rollout_id}/events", params={"event_type": "model_request"}).json()
+    assert [event["data"]["status"] for event in events] == ["ok"] * 3
+    assert all("exact_tokens" not in event["data"]["server"] for event in events)
+    assert all("kv_transfer_params" not in event["data"]["request"] for event in events)
