@@ -214,9 +214,9 @@ class TrainConfig(LayeredSettings):
     nproc_per_node: int = Field(
         default=1,
         ge=1,
-        description="Trainer processes: N > 1 shards full-weight updates over N ranks with FSDP2 "
-        "(gloo on CPU, NCCL with one GPU each); this process is rank 0 and runs the loop and the "
-        "server (in_process serving, full weights, no resume yet).",
+        description="Trainer processes: N > 1 runs each update over N data-parallel ranks, full "
+        "weights sharded with FSDP2, a LoRA adapter replicated with DDP (gloo on CPU, NCCL with one "
+        "GPU each); this process is rank 0 and runs the loop and the server (in_process serving).",
     )
     seed: int = Field(default=0, description="Seed of the trainer, the server's sampling and the shuffle.")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default.")
@@ -339,14 +339,6 @@ class TrainConfig(LayeredSettings):
             return
         if self.serving != "in_process":
             raise ValueError("nproc_per_node > 1 needs serving: in_process (endpoints are not sharded yet)")
-        if self.lora_rank:
-            raise ValueError(
-                "nproc_per_node > 1 trains full weights only: set lora_rank 0 (LoRA runs in one process)"
-            )
-        if self.resume:
-            raise ValueError(
-                "resume runs in one process: set nproc_per_node 1 (its checkpoints resume there)"
-            )
 
     def _check_serving(self) -> None:
         engines = bool(self.engine_urls or self.engine_replicas or self.engine_command)

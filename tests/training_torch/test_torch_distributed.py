@@ -1,5 +1,7 @@
-"""Data-parallel updates (FSDP2 over gloo, two processes on 127.0.0.1): one update sharded over two
-ranks gives the same weights and the same loss statistics as one process on the same batch."""
+"""Data-parallel updates over gloo, two processes on 127.0.0.1 (FSDP2 for full weights, DDP for a
+LoRA adapter): one update over two ranks gives the same weights and the same loss statistics as one
+process on the same batch, and a two-rank run resumed from its checkpoint goes on as if it had not
+stopped."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -20,7 +23,7 @@ from keraunos._subprocess import free_port
 from keraunos.testing.processes import clean_env
 from keraunos.training.backends.torch.batch import TrainBatch
 from keraunos.training.backends.torch.checkpoint import read_checkpoint
-from keraunos.training.backends.torch.trainer import TorchTrainer, TorchTrainerConfig
+from keraunos.training.backends.torch.trainer import LoraSettings, TorchTrainer, TorchTrainerConfig
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
@@ -88,12 +91,86 @@ def test_the_checkpoint_gathered_from_two_ranks_equals_the_single_process_checkp
     assert TorchTrainer.resume(gathered).global_step == 1
 
 
-def _run_ranks(tiny_model: Path, batch: TrainBatch, tmp_path: Path) -> None:
-    np.savez(tmp_path / "batch.npz", **{f.name: getattr(batch, f.name) for f in fields(batch)})
+def test_one_lora_update_over_two_gloo_ranks_with_ddp_equals_the_single_process_update(
+    tiny_model: Path, tmp_path: Path, to_batch: Callable[..., TrainBatch], make_rollout: Callable[..., Any]
+) -> None:
+    batch = uneven_batch(to_batch, make_rollout)
+    single = TorchTrainer(
+        TorchTrainerConfig(
+            model_path=str(tiny_model), device="cpu", lr=1e-2, micro_batch_size=2, lora=LoraSettings(rank=4)
+        )
+    )
+    before = {name: tensor.clone() for name, tensor in single.state_dict().items()}
+    expected_metrics = single.step(batch)
+    expected = single.state_dict()
+    _run_ranks(tiny_model, batch, tmp_path, "--lora", "4")
+
+    replicated = load_file(str(tmp_path / "weights.safetensors"))
+    assert replicated.keys() == expected.keys()
+    adapter = [name for name in expected if "lora_" in name]
+    assert adapter and len(adapter) < len(expected)
+    moved = max(float((expected[name] - before[name]).abs().max()) for name in adapter)
+    assert moved > 1e-3  # the adapter moved by more than the comparison's tolerance
+    worst = max(float((replicated[name] - tensor).abs().max()) for name, tensor in expected.items())
+    assert worst < 1e-5, worst
+    # DDP leaves the same adapter on every rank.
+    first, second = (load_file(str(tmp_path / f"adapter-{rank}.safetensors")) for rank in range(2))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    for key in ("loss", "tokens", "clip_fraction", "approx_kl", "entropy", "grad_norm", "logprob_diff_max"):
+        assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("lora", [0, 4], ids=["full-weights-fsdp2", "lora-ddp"])
+def test_a_two_rank_run_resumed_on_two_ranks_holds_the_checkpoint_and_goes_on_like_the_uninterrupted_run(
+    tiny_model: Path,
+    tmp_path: Path,
+    to_batch: Callable[..., TrainBatch],
+    make_rollout: Callable[..., Any],
+    lora: int,
+) -> None:
+    batch = uneven_batch(to_batch, make_rollout)
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    # Two updates without a stop; the checkpoint written after the first is the one resumed.
+    _run_ranks(tiny_model, batch, uninterrupted, "--lora", str(lora), "--steps", "2")
+    checkpoint = uninterrupted / "checkpoint"
+    _run_ranks(tiny_model, batch, resumed, "--lora", str(lora), "--resume", str(checkpoint))
+
+    # Every rank holds the checkpoint's weights: its FSDP2 shard of each, or the whole adapter.
+    saved = load_file(str(checkpoint / "model" / f"{'adapter_model' if lora else 'model'}.safetensors"))
+    for rank in range(2):
+        held = saved_names(load_file(str(resumed / f"resumed-{rank}.safetensors")))
+        if lora:
+            held = {name: tensor for name, tensor in held.items() if "lora_" in name}
+            assert held.keys() == saved.keys()
+        compared = [name for name in held if name in saved]
+        assert compared and all(name in saved for name in held if not name.endswith("lm_head.weight"))
+        for name in compared:
+            part = saved[name] if lora else torch.chunk(saved[name], 2, dim=0)[rank]
+            assert torch.equal(held[name], part), (rank, name)
+    # The resumed update (optimizer state loaded into every rank) equals the uninterrupted second one.
+    expected = saved_names(load_file(str(uninterrupted / "weights.safetensors")))
+    got = saved_names(load_file(str(resumed / "weights.safetensors")))
+    assert got.keys() == expected.keys() and saved.keys() <= expected.keys()
+    assert max(float((expected[name] - saved[name]).abs().max()) for name in saved) > 1e-3
+    worst = max(float((got[name] - tensor).abs().max()) for name, tensor in expected.items())
+    assert worst < 1e-5, worst
+    assert json.loads((resumed / "metrics.json").read_text())["step"] == 2
+
+
+def saved_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` by the names a checkpoint's files use (PEFT saves its adapter without `.default`)."""
+    return {name.replace(".default", ""): tensor for name, tensor in tensors.items()}
+
+
+def _run_ranks(tiny_model: Path, batch: TrainBatch, out: Path, *options: str) -> None:
+    """Run the worker on two ranks with `options`, writing to `out`; both must exit 0."""
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "batch.npz", **{f.name: getattr(batch, f.name) for f in fields(batch)})
     port = free_port()
     ranks = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(tiny_model), str(tmp_path / "batch.npz"), str(tmp_path)],
+            [sys.executable, str(WORKER), str(tiny_model), str(out / "batch.npz"), str(out), *options],
             env=clean_env(
                 {
                     "RANK": str(rank),

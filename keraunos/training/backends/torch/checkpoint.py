@@ -169,30 +169,40 @@ def read_checkpoint(path: str | Path) -> CheckpointInfo:
     )
 
 
-def load_optimizer_state(
-    path: str | Path, optimizer: torch.optim.Optimizer, parameter_names: list[str]
-) -> None:
-    """Load the optimizer state of the checkpoint in `path` into `optimizer` (same parameters, by name)."""
+def read_optimizer_state(path: str | Path, parameter_names: list[str]) -> dict[str, Any]:
+    """The optimizer state of the checkpoint in `path` keyed by parameter name (`{"state": {name:
+    {field: tensor}}, "param_groups": [{..., "params": [name, ...]}]}`): the full optimizer state
+    dict `torch.distributed.checkpoint.state_dict.set_optimizer_state_dict` takes. Raises
+    `CheckpointError` when it holds other parameters than `parameter_names`."""
     state_file = Path(path) / STATE_FILE
     metadata = _metadata(state_file)
     groups = json.loads(metadata["param_groups"])
-    index = {name: i for i, name in enumerate(parameter_names)}
     saved_names = [name for group in groups for name in group["params"]]
     if sorted(saved_names) != sorted(parameter_names):
         missing = sorted(set(parameter_names) ^ set(saved_names))[:3]
         raise CheckpointError(f"{state_file} holds the optimizer of other parameters (differ: {missing})")
-    state: dict[int, dict[str, torch.Tensor]] = {}
+    state: dict[str, dict[str, torch.Tensor]] = {}
     with safe_open(str(state_file), framework="pt") as handle:
         for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
             if key.startswith("optimizer/"):
                 name, _, field = key[len("optimizer/") :].rpartition("/")
-                state.setdefault(index[name], {})[field] = handle.get_tensor(key)
-    param_groups = []
+                state.setdefault(name, {})[field] = handle.get_tensor(key)
     for group in groups:
-        restored = dict(group, params=[index[name] for name in group["params"]])
-        if isinstance(restored.get("betas"), list):
-            restored["betas"] = tuple(restored["betas"])
-        param_groups.append(restored)
+        if isinstance(group.get("betas"), list):
+            group["betas"] = tuple(group["betas"])
+    return {"state": state, "param_groups": groups}
+
+
+def load_optimizer_state(
+    path: str | Path, optimizer: torch.optim.Optimizer, parameter_names: list[str]
+) -> None:
+    """Load the optimizer state of the checkpoint in `path` into `optimizer` (same parameters, by name)."""
+    saved = read_optimizer_state(path, parameter_names)
+    index = {name: i for i, name in enumerate(parameter_names)}
+    state = {index[name]: fields for name, fields in saved["state"].items()}
+    param_groups = [
+        dict(group, params=[index[name] for name in group["params"]]) for group in saved["param_groups"]
+    ]
     optimizer.load_state_dict({"state": state, "param_groups": param_groups})
 
 

@@ -1,13 +1,19 @@
-"""Data-parallel updates over several processes with PyTorch's own stack: `torch.distributed` and
-FSDP2 (`torch.distributed.fsdp.fully_shard`) for full weights.
+"""Data-parallel updates over several processes with PyTorch's own stack: `torch.distributed`,
+FSDP2 (`torch.distributed.fsdp.fully_shard`) for full weights, DDP
+(`torch.nn.parallel.DistributedDataParallel`) for a LoRA adapter.
 
 Every rank holds the same full `TrainBatch` and takes its share of the rows (`shard_rows`: the
 batch ordered by span, then every `size`-th row, so shards hold rows of similar length). The loss
 weights are global to the whole batch (`keraunos.training.advantages.rollout_loss_weights`), so the
-sum over ranks of each shard's gradient is the full batch's gradient; FSDP2 averages gradients over
-ranks in its reduce-scatter, so each rank's loss is multiplied by the world size. FSDP2 gathers the
-weights of each layer in every forward pass, a collective: every rank runs the same number of
-micro-batches (`padding_batch` tops the shorter shards up with a row of zero weight).
+sum over ranks of each shard's gradient is the full batch's gradient; FSDP2 (in its reduce-scatter)
+and DDP (in its all-reduce) both average gradients over ranks, so each rank's loss is multiplied by
+the world size. FSDP2 gathers the weights of each layer in every forward pass and DDP all-reduces
+in the last backward pass, both collectives: every rank runs the same number of micro-batches
+(`padding_batch` tops the shorter shards up with a row of zero weight).
+
+Why two wrappers: a LoRA adapter is a few megabytes, so every rank keeps the whole base and the
+whole adapter (DDP: nothing to gather for a publish or a checkpoint, the adapter is the same on
+every rank after each update); full weights are sharded so that N ranks hold one copy between them.
 
 The process group comes from the environment torchrun sets (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 `MASTER_ADDR`, `MASTER_PORT`): gloo on CPU, NCCL on CUDA. Measured on CPU with gloo, 2 processes:
@@ -78,6 +84,22 @@ def shard_model(model: Any) -> None:
         if type(module).__name__ in blocks:
             fully_shard(module)
     fully_shard(model)
+
+
+def replicate_model(model: Any, world: World, device: torch.device) -> Any:
+    """DDP over `model` (a PEFT model: only the adapter requires grad, only it is all-reduced).
+
+    Every parameter that trains is used in every forward pass, so `find_unused_parameters` stays
+    off (it would walk the autograd graph each pass). DDP's default buffer broadcast in each
+    forward pass stays: the ranks run the same number of them, and the buffers (rotary tables)
+    are small.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = None
+    if device.type == "cuda":
+        device_ids = [device.index if device.index is not None else world.local_rank]
+    return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=False)
 
 
 def shard_rows(batch: TrainBatch, world: World) -> TrainBatch:

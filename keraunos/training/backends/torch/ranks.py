@@ -3,15 +3,21 @@
 The `keraunos train` process is rank 0: it runs everything a one-process run does (gateway,
 controller, collector, loop, in-process server, publish) and starts ranks 1..N-1 itself, each a
 `python -m keraunos.training.backends.torch.ranks` process with the environment torchrun would give
-it (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, a free `MASTER_PORT`) and the
-trainer's settings as JSON. Every rank builds the same `TorchTrainer` (same settings, same seed),
-which shards itself with FSDP2 (`distributed.py`). The other ranks then only obey rank 0: before
-each of its own collective parts, rank 0 broadcasts one command (`broadcast_object_list`):
+it (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, a free `MASTER_PORT`), the
+trainer's settings as JSON and, on `--resume`, the checkpoint rank 0 resumes. Every rank builds the
+same `TorchTrainer` (same settings, same seed, or the same checkpoint), which shards itself with
+FSDP2 (full weights) or replicates its LoRA adapter with DDP (`distributed.py`). The other ranks
+then only obey rank 0: before each of its own collective parts, rank 0 broadcasts one command
+(`broadcast_object_list`):
 
     ("update", batch)      every rank runs `step(batch)` on its share of the rows
-    ("state_dict",)        every rank takes part in gathering the full weights on rank 0 (publish)
+    ("state_dict",)        every rank takes part in gathering the full weights on rank 0 (publish;
+                           a LoRA run publishes rank 0's adapter, which every rank holds, unsent)
     ("checkpoint", path)   every rank takes part in gathering weights and optimizer state; rank 0 writes
     ("stop",)              the rank leaves the process group and exits 0
+
+A resumed run of full weights gathers them once more at start, for rank 0 to serve the
+checkpoint's weights (`TorchBackend.open`); the other ranks join that gather unasked.
 
 A rank that has exited is noticed before the next command (`RankError`); each rank stops with
 rank 0 (`keraunos._parent`), and its output goes to RUN_DIR/logs/rank-<r>.log.
@@ -37,7 +43,7 @@ from keraunos._subprocess import free_port, stop_process
 from keraunos.errors import KeraunosError
 from keraunos.training.backends.torch.backend import TorchBackend, trainer_config
 from keraunos.training.backends.torch.batch import TrainBatch
-from keraunos.training.backends.torch.checkpoint import prune_checkpoints, step_dir
+from keraunos.training.backends.torch.checkpoint import latest_checkpoint, prune_checkpoints, step_dir
 from keraunos.training.backends.torch.distributed import init_from_env
 from keraunos.training.backends.torch.trainer import TorchTrainer, TorchTrainerConfig
 from keraunos.training.train_config import TrainConfig
@@ -67,8 +73,11 @@ class Ranks:
         self.logs = logs
 
     @classmethod
-    def start(cls, config: TrainConfig) -> Ranks:
-        """Start ranks 1..N-1 and join the process group as rank 0 (it waits for all of them)."""
+    def start(cls, config: TrainConfig, *, resume: Path | None = None) -> Ranks:
+        """Start ranks 1..N-1 and join the process group as rank 0 (it waits for all of them).
+
+        `resume`: the checkpoint every rank resumes from (rank 0 too: `TorchBackend.open`).
+        """
         size = config.nproc_per_node
         port = free_port()
         logs = Path(config.run_dir) / "logs"
@@ -87,7 +96,13 @@ class Ranks:
             with (logs / f"rank-{rank}.log").open("ab") as out:
                 processes.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "keraunos.training.backends.torch.ranks", settings],
+                        [
+                            sys.executable,
+                            "-m",
+                            "keraunos.training.backends.torch.ranks",
+                            settings,
+                            str(resume or ""),
+                        ],
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
@@ -148,7 +163,13 @@ class DistributedTorchBackend(TorchBackend):
 
     @classmethod
     def open(cls, config: TrainConfig, *, checkpoints: Path | None = None) -> TorchBackend:
-        ranks = Ranks.start(config)
+        resume = None
+        if checkpoints is not None:
+            # The checkpoint `TorchBackend.open` resumes below (nothing writes there meanwhile).
+            resume = latest_checkpoint(checkpoints)
+            if resume is None:
+                raise FileNotFoundError(f"{checkpoints} holds no checkpoint")
+        ranks = Ranks.start(config, resume=resume)
         try:
             backend = super().open(config, checkpoints=checkpoints)
         except BaseException:
@@ -165,6 +186,8 @@ class DistributedTorchBackend(TorchBackend):
         return self.trainer.step(batch)
 
     def publish(self) -> int:
+        if self.adapters is not None:  # rank 0's adapter is every rank's: nothing to gather
+            return super().publish()
         self.ranks.send("state_dict")
         return int(self.server.load_weights(self.trainer.state_dict()))
 
@@ -184,13 +207,19 @@ class DistributedTorchBackend(TorchBackend):
             super().close()
 
 
-def serve_rank(settings: TorchTrainerConfig) -> None:
-    """Ranks 1..N-1: join the process group, build the trainer, obey rank 0 until ("stop",)."""
+def serve_rank(settings: TorchTrainerConfig, resume: Path | None = None) -> None:
+    """Ranks 1..N-1: join the process group, build the trainer (or resume it from the checkpoint
+    `resume`, as rank 0 does), obey rank 0 until ("stop",)."""
     world = init_from_env(settings.device, timeout=COLLECTIVE_TIMEOUT)
     if world is None:
         raise RankError("a trainer rank needs WORLD_SIZE >= 2 in its environment")
-    trainer = TorchTrainer(settings)
-    log.info("rank ready", rank=world.rank, world_size=world.size)
+    if resume is None:
+        trainer = TorchTrainer(settings)
+    else:
+        trainer = TorchTrainer.resume(resume, settings)
+        if trainer.global_step and settings.lora is None:
+            trainer.state_dict()  # rank 0 gathers the checkpoint's weights to serve them
+    log.info("rank ready", rank=world.rank, world_size=world.size, step=trainer.global_step)
     while True:
         received: list[Any] = [None]
         dist.broadcast_object_list(received, src=0)
@@ -213,4 +242,7 @@ if __name__ == "__main__":
 
     configure_logging("warning")
     watch_parent(os.environ)
-    serve_rank(TorchTrainerConfig.model_validate(json.loads(sys.argv[1])))
+    serve_rank(
+        TorchTrainerConfig.model_validate(json.loads(sys.argv[1])),
+        Path(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None,
+    )

@@ -17,10 +17,15 @@ they stay near 0, a larger value means stale samples or a sampler that disagrees
 
 The config is the whole truth about a run: `save_checkpoint` stores it with the weights, the
 optimizer state and the step, and `TorchTrainer.resume` continues exactly where the run stopped.
+
+Built inside a process group of several ranks (torchrun's environment), the trainer is one of N
+data-parallel ranks (`distributed.py`): FSDP2 shards full weights, DDP replicates a LoRA adapter;
+every rank calls `step`, `state_dict`, `save_checkpoint` and `resume` alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -39,6 +44,7 @@ from keraunos.training.backends.torch.checkpoint import (
     load_optimizer_state,
     load_rng_state,
     read_checkpoint,
+    read_optimizer_state,
     save_checkpoint,
 )
 from keraunos.training.backends.torch.distributed import (
@@ -46,6 +52,7 @@ from keraunos.training.backends.torch.distributed import (
     most,
     padding_batch,
     reduce_sums,
+    replicate_model,
     shard_model,
     shard_rows,
 )
@@ -168,8 +175,8 @@ class TorchTrainer:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
-        # In a process group of several ranks (torchrun): FSDP2 over the ranks, each its share of
-        # every batch (keraunos.training.backends.torch.distributed).
+        # In a process group of several ranks (torchrun): each rank its share of every batch, FSDP2
+        # or DDP over the ranks (keraunos.training.backends.torch.distributed).
         self.world = current_world()
         device = _pick_device(config.device)
         if self.world is not None and device == "cuda":
@@ -205,8 +212,14 @@ class TorchTrainer:
             self.reference.requires_grad_(False)
         if config.gradient_checkpointing:
             _enable_gradient_checkpointing(self.model)
-        if self.world is not None:
+        # Full weights are sharded (FSDP2), a LoRA adapter is replicated (DDP: `self._replicated`
+        # runs the trained forward passes, `self.model` stays the PEFT model for everything else).
+        self._sharded = self.world is not None and config.lora is None
+        self._replicated: Any = None
+        if self._sharded:
             shard_model(self.model)  # before the optimizer: it must hold the sharded parameters
+        elif self.world is not None:
+            self._replicated = replicate_model(self.model, self.world, self.device)
         named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         decay = [(name, p) for name, p in named if p.ndim >= 2]
         no_decay = [(name, p) for name, p in named if p.ndim < 2]
@@ -230,12 +243,12 @@ class TorchTrainer:
 
         `config` defaults to the checkpoint's own; a given one may change knobs (learning rate,
         clipping, micro-batch size) but the weights always come from the checkpoint.
+
+        In a process group of several ranks every rank calls it with the same `path` (a collective
+        when sharded): each loads the full weights (or the adapter) before it shards or replicates
+        them, and the full optimizer state, of which FSDP2 keeps each rank's shard.
         """
         info = read_checkpoint(path)
-        if current_world() is not None:
-            raise CheckpointError(
-                f"cannot resume {path} in a process group of several ranks yet: resume it in one process"
-            )
         config = config or TorchTrainerConfig.model_validate(info.config)
         saved = info.path / MODEL_DIR
         if (config.lora is not None) != info.adapter:
@@ -245,7 +258,17 @@ class TorchTrainer:
                 "resume with the run's own lora settings"
             )
         trainer = cls(config, adapter_dir=saved) if info.adapter else cls(config, model_dir=saved)
-        load_optimizer_state(info.path, trainer.optimizer, trainer.parameter_names)
+        if trainer._sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(
+                trainer.model,
+                trainer.optimizer,
+                cast(Any, read_optimizer_state(info.path, trainer.parameter_names)),
+                options=StateDictOptions(full_state_dict=True),
+            )
+        else:
+            load_optimizer_state(info.path, trainer.optimizer, trainer.parameter_names)
         load_rng_state(info.path)
         trainer.global_step = info.step
         log.info("trainer resumed", checkpoint=str(info.path), step=info.step)
@@ -307,16 +330,20 @@ class TorchTrainer:
         else:
             shard = shard_rows(batch, self.world)
             micros = shard.micro_batches(size, self.config.micro_batch_tokens) if len(shard) else []
-            # Every rank runs as many passes as the busiest one (FSDP2's gathers are collective);
-            # FSDP2 averages the gradients over ranks, the shards' gradients must add up.
+            # Every rank runs as many passes as the busiest one (FSDP2's gathers and DDP's
+            # all-reduce are collective); both average the gradients over ranks, the shards'
+            # gradients must add up.
             pads, scale = most(len(micros)) - len(micros), float(self.world.size)
-        for micro in micros:
-            loss, micro_sums = self._micro_loss(micro.trimmed(), diff)
-            (loss * scale).backward()
-            sums = sums + micro_sums
-        for _ in range(pads):
-            loss, _ = self._micro_loss(padding_batch(batch).trimmed(), _Diff())
-            (loss * scale).backward()
+        passes = len(micros) + pads
+        for i in range(passes):
+            real = i < len(micros)
+            micro = (micros[i] if real else padding_batch(batch)).trimmed()
+            # DDP all-reduces once, in the last backward pass, the gradients accumulated by all.
+            with self._no_sync(last=i == passes - 1):
+                loss, micro_sums = self._micro_loss(micro, diff if real else _Diff())
+                (loss * scale).backward()
+            if real:
+                sums = sums + micro_sums
         if self.world is not None:
             sums, (diff.total, diff.max, diff.tokens) = reduce_sums(sums, (diff.total, diff.max, diff.tokens))
         metrics = sums.metrics()
@@ -360,9 +387,9 @@ class TorchTrainer:
         """The policy's current weights by name (live tensors: copy them, e.g. `load_state_dict`).
 
         Sharded over several ranks: the full weights gathered on rank 0's CPU (a collective: every
-        rank calls it; the others get an empty dict).
+        rank calls it; the others get an empty dict). Replicated (LoRA): every rank's own, the same.
         """
-        if self.world is not None:
+        if self._sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -399,12 +426,13 @@ class TorchTrainer:
         """Write weights, tokenizer, optimizer state, step and config (and the training loop's
         `run_state`, when given) to the new directory `path`.
 
-        Sharded over several ranks: a collective (every rank calls it); the full weights and
-        optimizer state are gathered on rank 0's CPU, which writes the same checkpoint one process
-        would (the others write nothing and return `path`).
+        Over several ranks every rank calls it; rank 0 writes the same checkpoint one process
+        would, the others write nothing and return `path`. Sharded, it is a collective: the full
+        weights and optimizer state are first gathered on rank 0's CPU. Replicated (LoRA), rank 0's
+        adapter and optimizer state are every rank's.
         """
         full_state: tuple[dict[str, Any], dict[str, Any]] | None = None
-        if self.world is not None:
+        if self._sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -412,8 +440,8 @@ class TorchTrainer:
                 tuple[dict[str, Any], dict[str, Any]],
                 get_state_dict(self.model, self.optimizer, options=options),
             )
-            if not self.world.is_main:
-                return Path(path)
+        if self.world is not None and not self.world.is_main:
+            return Path(path)
         written = save_checkpoint(
             path,
             model=self.model,
@@ -438,10 +466,9 @@ class TorchTrainer:
         elif self._reference_is_base and self.config.kl_coef > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref_logprobs, _ = response_logprobs(self.model, *inputs, tensors["temperatures"])
+        policy = self._replicated if self._replicated is not None else self.model
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.config.bf16_autocast):
-            logprobs, entropy = response_logprobs(
-                self.model, *inputs, tensors["temperatures"], with_entropy=True
-            )
+            logprobs, entropy = response_logprobs(policy, *inputs, tensors["temperatures"], with_entropy=True)
         logprobs, entropy = logprobs.float(), entropy.float() if entropy is not None else None
         mask = tensors["response_mask"]
         recorded = tensors["logprobs_valid"][:, None] & mask
@@ -460,6 +487,12 @@ class TorchTrainer:
             kl_coef=self.config.kl_coef,
             entropy=entropy,
         )
+
+    def _no_sync(self, *, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """DDP's `no_sync` for every pass but the last (gradients accumulate locally until then)."""
+        if self._replicated is None or last:
+            return contextlib.nullcontext()
+        return self._replicated.no_sync()
 
     def _tensors(self, batch: TrainBatch) -> dict[str, torch.Tensor]:
         device = self.device
