@@ -65,6 +65,19 @@ def vllm_gateway(session_gateway_factory: Callable[..., Gateway], vllm_server: V
 
 
 @pytest.fixture(scope="session")
+def vllm_exact_gateway(session_gateway_factory: Callable[..., Gateway], vllm_server: VllmServer) -> Gateway:
+    """A second gateway in front of the same vLLM, with `--exact-tokens` (test_vllm_exact_tokens.py)."""
+    gateway = session_gateway_factory(
+        args=("--served-model", SERVED, "--proxy-upstream-timeout-s", "120", "--exact-tokens", "true")
+    )
+    with gateway.client() as api:
+        endpoint = {"model": SERVED, "endpoint": vllm_server.endpoint, "version": 0}
+        response = api.post("/api/models", json=[endpoint])
+    assert response.status_code == 201, response.text
+    return gateway
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer(vllm_server: VllmServer) -> Any:
     """The converted model's tokenizer, for decoding the texts of merge breaks."""
     from transformers import AutoTokenizer

@@ -15,57 +15,17 @@ docs/training-data.md reports; `KERAUNOS_TEST_VLLM_CONVERSATIONS` (default 10) m
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import pytest
-from vllm_support import completed_rollout, new_rollout
+from vllm_support import CONVERSATIONS, TURNS, completed_rollout, run_conversation
 
-from keraunos.testing.processes import Gateway, unique_id
+from keraunos.testing.processes import Gateway
 from keraunos.training.trajectories import TrajectoryConfig, build_rows
 
 pytestmark = pytest.mark.timeout(600)
-
-CONVERSATIONS = int(os.environ.get("KERAUNOS_TEST_VLLM_CONVERSATIONS", "10"))
-TOPICS = ("the moon", "bread", "rivers", "chess", "bees", "glass", "winter", "trains", "paper", "music")
-#: The agent's user turns after the first: the same script for every conversation.
-FOLLOW_UPS = (
-    "Why is that?",
-    "Give me one example.",
-    "Say that in one sentence.",
-    "What else should I know?",
-    "Thanks! One last tip?",
-)
-TURNS = 1 + len(FOLLOW_UPS)
-MAX_TOKENS = 40
-
-
-def run_conversation(gateway: Gateway, index: int) -> str:
-    """One scripted 6-turn chat; each reply's text goes back into the history, as agents do."""
-    rollout_id = new_rollout(gateway, unique_id(f"chat{index}"))
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a helpful assistant. Keep answers short."},
-        {"role": "user", "content": f"Tell me something about {TOPICS[index % len(TOPICS)]}."},
-    ]
-    url = f"{gateway.proxy_base(rollout_id)}/chat/completions"
-    with httpx.Client(headers=gateway.headers, timeout=180) as client:
-        for turn in range(TURNS):
-            body = {
-                "model": "policy",
-                "messages": messages,
-                "max_tokens": MAX_TOKENS,
-                "seed": 1000 * index + turn,
-            }
-            response = client.post(url, json=body)
-            assert response.status_code == 200, response.text
-            reply = response.json()["choices"][0]["message"]["content"] or ""
-            messages.append({"role": "assistant", "content": reply})
-            if turn < len(FOLLOW_UPS):
-                messages.append({"role": "user", "content": FOLLOW_UPS[turn]})
-    return rollout_id
 
 
 def test_a_six_turn_agent_on_vllm_builds_rows_and_every_merge_break_is_explained(

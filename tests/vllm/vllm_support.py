@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ import httpx
 from prerequisites import REPO, missing
 
 from keraunos._subprocess import free_port, stop_process
-from keraunos.testing.processes import Gateway, clean_env, keraunos_command
+from keraunos.testing.processes import Gateway, clean_env, keraunos_command, unique_id
 from keraunos.training._data import CompletedRollout
 from keraunos.training._read import read_events_json
 
@@ -197,3 +198,64 @@ def completed_rollout(gateway: Gateway, rollout_id: str) -> CompletedRollout:
     read = read_events_json(response.content)
     assert (read.failed_calls, read.unreadable_calls, read.unreadable_choices) == (0, 0, 0)
     return CompletedRollout(rollout_id, rollout_id, read.triplets, reward=read.reward or 0.0)
+
+
+# -- the scripted multi-turn agent of the merge-break tests ----------------------------------------
+
+#: Conversations run at once (`KERAUNOS_TEST_VLLM_CONVERSATIONS`, default 10).
+CONVERSATIONS = int(os.environ.get("KERAUNOS_TEST_VLLM_CONVERSATIONS", "10"))
+TOPICS = ("the moon", "bread", "rivers", "chess", "bees", "glass", "winter", "trains", "paper", "music")
+#: The agent's user turns after the first: the same script for every conversation.
+FOLLOW_UPS = (
+    "Why is that?",
+    "Give me one example.",
+    "Say that in one sentence.",
+    "What else should I know?",
+    "Thanks! One last tip?",
+)
+TURNS = 1 + len(FOLLOW_UPS)
+MAX_TOKENS = 40
+
+
+def run_conversation(gateway: Gateway, index: int, *, stream: bool = False) -> str:
+    """One scripted 6-turn chat; each reply's text goes back into the history, as agents do.
+
+    With `stream`, every call is streamed and the reply is the text of its chunks put together.
+    """
+    rollout_id = new_rollout(gateway, unique_id(f"chat{index}"))
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant. Keep answers short."},
+        {"role": "user", "content": f"Tell me something about {TOPICS[index % len(TOPICS)]}."},
+    ]
+    url = f"{gateway.proxy_base(rollout_id)}/chat/completions"
+    with httpx.Client(headers=gateway.headers, timeout=180) as client:
+        for turn in range(TURNS):
+            body = {
+                "model": "policy",
+                "messages": messages,
+                "max_tokens": MAX_TOKENS,
+                "seed": 1000 * index + turn,
+                **({"stream": True} if stream else {}),
+            }
+            response = client.post(url, json=body)
+            assert response.status_code == 200, response.text
+            reply = (
+                _streamed_text(response.text)
+                if stream
+                else response.json()["choices"][0]["message"]["content"]
+            )
+            messages.append({"role": "assistant", "content": reply or ""})
+            if turn < len(FOLLOW_UPS):
+                messages.append({"role": "user", "content": FOLLOW_UPS[turn]})
+    return rollout_id
+
+
+def _streamed_text(events: str) -> str:
+    """The reply text of a streamed chat answer (choice 0's deltas, in order)."""
+    text = []
+    for line in events.splitlines():
+        if line.startswith("data: {"):
+            choices = json.loads(line[len("data: ") :]).get("choices") or []
+            if choices and choices[0].get("index", 0) == 0:
+                text.append((choices[0].get("delta") or {}).get("content") or "")
+    return "".join(text)
