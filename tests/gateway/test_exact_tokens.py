@@ -5,11 +5,19 @@ The pure tests render prompts with a small ChatML-like template over character i
 "sampled" reply can be given ids its text would never tokenise to, as a model at temperature 1.0
 does; the exact prompt must carry those ids, not the re-tokenised text. The gateway tests run a real
 gateway against the engine stand-in, which has no `/tokenize` (like `keraunos serve`): the option
-must then send every call unchanged, and count why.
+must then send every call unchanged, and count why; and against a stand-in with vLLM's `/tokenize`
+and `kv_transfer_params.prompt_token_ids` (`TokenizingEngine`), where each call must go with the
+previous call's ids, and an engine that refuses or ignores them must still answer every call.
+tests/vllm/test_vllm_exact_tokens.py does the same against real vLLM.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -402,3 +410,131 @@ def test_with_an_engine_without_tokenize_every_call_goes_as_rendered_and_is_coun
     assert [event["data"]["status"] for event in events] == ["ok"] * 3
     assert all("exact_tokens" not in event["data"]["server"] for event in events)
     assert all("kv_transfer_params" not in event["data"]["request"] for event in events)
+
+
+# -- in a gateway, against a stand-in engine with /tokenize ----------------------------------------
+
+
+class TokenizingEngine(ThreadingHTTPServer):
+    """A model-server stand-in as big as the option needs: vLLM's `/tokenize` with `render`, and
+    chat calls served on `kv_transfer_params.prompt_token_ids` when given (as vLLM does), each
+    reply sampled in pieces its text never tokenises to. `mode` "refuse" answers 400 to prompt
+    ids, "ignore" renders the messages whatever it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _EngineHandler)
+        self.mode = "serve"
+        self.calls = 0
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _EngineHandler(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        engine = self.server
+        assert isinstance(engine, TokenizingEngine)
+        if self.path == "/tokenize":
+            tokens = render(body["messages"], body.get("add_generation_prompt", True))
+            return self._answer(200, {"count": len(tokens), "max_model_len": 100_000, "tokens": tokens})
+        ids = (body.get("kv_transfer_params") or {}).get("prompt_token_ids")
+        if ids is not None and engine.mode == "refuse":
+            return self._answer(400, {"error": {"message": "prompt_token_ids refused"}})
+        prompt = ids if ids is not None and engine.mode == "serve" else render(body["messages"])
+        engine.calls += 1
+        text = f"Reply {engine.calls} in pieces"
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+        self._answer(
+            200,
+            {"prompt_token_ids": prompt, "choices": [{**choice, "token_ids": sampled(text, stopped=False)}]},
+        )
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the tests read the gateway's record, not this server's log."""
+
+
+@pytest.fixture(scope="module")
+def tokenizing() -> Iterator[TokenizingEngine]:
+    engine = TokenizingEngine()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def splicing_gateway(session_gateway_factory: Any, tokenizing: TokenizingEngine) -> Gateway:
+    """A gateway with --exact-tokens whose served model is served by `tokenizing`."""
+    gateway = session_gateway_factory(args=("--served-model", "standin", "--exact-tokens", "true"))
+    with gateway.client() as api:
+        models = [{"model": "standin", "endpoint": tokenizing.endpoint, "version": 0}]
+        assert api.post("/api/models", json=models).status_code == 201
+    return gateway
+
+
+def chat_three_turns(gateway: Gateway, rollout_id: str) -> list[dict[str, Any]]:
+    """Three chat turns of an agent that sends each reply back; the recorded calls."""
+    with gateway.client() as api:
+        assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}]).status_code == 201
+    messages: list[dict[str, Any]] = [SYSTEM, USER]
+    with httpx.Client(headers=gateway.headers, timeout=30) as client:
+        for turn in range(3):
+            answer = client.post(
+                f"{gateway.proxy_base(rollout_id)}/chat/completions", json={"messages": messages}
+            )
+            assert answer.status_code == 200, answer.text
+            reply = answer.json()["choices"][0]["message"]["content"]
+            messages = [
+                *messages,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": f"{turn}?"},
+            ]
+    with gateway.client() as api:
+        return api.get(f"/api/rollouts/{rollout_id}/events", params={"event_type": "model_request"}).json()
+
+
+@pytest.mark.timeout(60)
+def test_through_a_gateway_each_call_goes_with_the_previous_calls_ids_and_is_recorded_as_exact(
+    splicing_gateway: Gateway, tokenizing: TokenizingEngine, new_id: Any
+) -> None:
+    tokenizing.mode = "serve"
+    before = fallbacks(splicing_gateway)
+    calls = chat_three_turns(splicing_gateway, new_id("splice"))
+
+    after = fallbacks(splicing_gateway)
+    assert after["spliced"] - before["spliced"] == 2
+    for previous, call in itertools.pairwise(calls):
+        prompt, response = previous["data"]["response"]["prompt_token_ids"], previous["data"]["response"]
+        sampled_ids = response["choices"][0]["token_ids"]
+        assert (
+            call["data"]["response"]["prompt_token_ids"][: len(prompt) + len(sampled_ids)]
+            == prompt + sampled_ids
+        )
+    assert [call["data"]["server"].get("exact_tokens", False) for call in calls] == [False, True, True]
+    assert all("kv_transfer_params" not in call["data"]["request"] for call in calls)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("mode", "reason"), [("refuse", "engine_refused"), ("ignore", "engine_ignored")])
+def test_an_engine_that_refuses_or_ignores_the_ids_still_answers_every_call_and_is_counted(
+    splicing_gateway: Gateway, tokenizing: TokenizingEngine, new_id: Any, mode: str, reason: str
+) -> None:
+    tokenizing.mode = mode
+    before = fallbacks(splicing_gateway)
+    calls = chat_three_turns(splicing_gateway, new_id(mode))
+
+    after = fallbacks(splicing_gateway)
+    assert after[reason] - before[reason] == 2
+    assert [call["data"]["status"] for call in calls] == ["ok"] * 3
+    # A refused call was sent again as rendered, and is recorded as such.
+    exact_flags = [call["data"]["server"].get("exact_tokens", False) for call in calls]
+    assert exact_flags == ([False] * 3 if mode == "refuse" else [False, True, True])
