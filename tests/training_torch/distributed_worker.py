@@ -1,11 +1,13 @@
 """One rank of the data-parallel equivalence test, started with torchrun's environment (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
-`python distributed_worker.py MODEL BATCH OUT [--lora RANK] [--steps N] [--resume CHECKPOINT]`.
+`python distributed_worker.py MODEL BATCH OUT [--lora RANK] [--steps N] [--resume CHECKPOINT]
+[--checkpoint-before]`.
 
 Loads the `TrainBatch` saved in BATCH (an .npz of its fields), builds the trainer over the ranks
 (FSDP2; DDP with `--lora`) or resumes it from CHECKPOINT, applies N updates on that batch, and on
 rank 0 writes the gathered weights to OUT/weights.safetensors and the last update's metrics to
-OUT/metrics.json; a new trainer's checkpoint after its first update goes to OUT/checkpoint. Every
+OUT/metrics.json; a new trainer's checkpoint after its first update goes to OUT/checkpoint (and,
+with `--checkpoint-before`, one before any update to OUT/before). Every
 rank writes the weights it holds after resuming (OUT/resumed-<rank>.safetensors) and, with
 `--lora`, its adapter after the updates (OUT/adapter-<rank>.safetensors).
 """
@@ -37,7 +39,9 @@ def worker_config(model: str, lora: int) -> TorchTrainerConfig:
     )
 
 
-def main(model: str, batch_path: str, out: str, lora: int, steps: int, resume: str | None) -> None:
+def main(
+    model: str, batch_path: str, out: str, lora: int, steps: int, resume: str | None, before: bool
+) -> None:
     torch.set_num_threads(1)
     world = init_from_env("cpu")
     assert world is not None, "start me with WORLD_SIZE >= 2"
@@ -52,6 +56,8 @@ def main(model: str, batch_path: str, out: str, lora: int, steps: int, resume: s
         save_file(held, str(Path(out) / f"resumed-{world.rank}.safetensors"))
     else:
         trainer = TorchTrainer(config)
+        if before:
+            trainer.save_checkpoint(Path(out) / "before")
     metrics: dict[str, float] = {}
     for i in range(steps):
         metrics = trainer.step(batch)
@@ -84,5 +90,6 @@ if __name__ == "__main__":
     parser.add_argument("--lora", type=int, default=0)
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--resume", default=None)
+    parser.add_argument("--checkpoint-before", action="store_true")
     args = parser.parse_args()
-    main(args.model, args.batch, args.out, args.lora, args.steps, args.resume)
+    main(args.model, args.batch, args.out, args.lora, args.steps, args.resume, args.checkpoint_before)

@@ -51,7 +51,9 @@ def test_one_update_over_two_gloo_ranks_equals_the_single_process_update(
     before = {name: tensor.clone() for name, tensor in single.state_dict().items()}
     expected_metrics = single.step(batch)
     expected = single.state_dict()
-    _run_ranks(tiny_model, batch, tmp_path)
+    # A checkpoint gathered before the update must leave AdamW as it is (no state yet).
+    _run_ranks(tiny_model, batch, tmp_path, "--checkpoint-before")
+    assert read_checkpoint(tmp_path / "before").step == 0
 
     sharded = load_file(str(tmp_path / "weights.safetensors"))
     assert sharded.keys() == expected.keys()

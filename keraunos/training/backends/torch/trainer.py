@@ -261,12 +261,16 @@ class TorchTrainer:
         if trainer._sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-            set_optimizer_state_dict(
-                trainer.model,
-                trainer.optimizer,
-                cast(Any, read_optimizer_state(info.path, trainer.parameter_names)),
-                options=StateDictOptions(full_state_dict=True),
-            )
+            saved_optimizer = read_optimizer_state(info.path, trainer.parameter_names)
+            # A checkpoint from before the first update has no state; set_optimizer_state_dict would
+            # create one by a zero-gradient step (AdamW's step count 1), which one process does not.
+            if saved_optimizer["state"]:
+                set_optimizer_state_dict(
+                    trainer.model,
+                    trainer.optimizer,
+                    cast(Any, saved_optimizer),
+                    options=StateDictOptions(full_state_dict=True),
+                )
         else:
             load_optimizer_state(info.path, trainer.optimizer, trainer.parameter_names)
         load_rng_state(info.path)
@@ -433,13 +437,27 @@ class TorchTrainer:
         """
         full_state: tuple[dict[str, Any], dict[str, Any]] | None = None
         if self._sharded:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+                get_state_dict,
+            )
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            full_state = cast(
-                tuple[dict[str, Any], dict[str, Any]],
-                get_state_dict(self.model, self.optimizer, options=options),
-            )
+            if self.optimizer.state:
+                full_state = cast(
+                    tuple[dict[str, Any], dict[str, Any]],
+                    get_state_dict(self.model, self.optimizer, options=options),
+                )
+            else:
+                # Before the first update: get_state_dict would create AdamW's state by a
+                # zero-gradient step (step count 1), which the next update would then build on.
+                groups = self.optimizer.state_dict()["param_groups"]
+                by_name = [dict(g, params=[self.parameter_names[i] for i in g["params"]]) for g in groups]
+                full_state = (
+                    cast(dict[str, Any], get_model_state_dict(self.model, options=options)),
+                    {"state": {}, "param_groups": by_name},
+                )
         if self.world is not None and not self.world.is_main:
             return Path(path)
         written = save_checkpoint(
