@@ -91,6 +91,7 @@ def start_gateway(config: TrainConfig, run_dir: Path, key: str) -> tuple[str, Ch
             db=run_dir / "ledger.db",
             served_model=config.served_model_name,
             train_temperature=config.temperature,
+            exact_tokens=config.exact_tokens,
             log_level="warning",
         )
         child = _spawn(

@@ -179,6 +179,12 @@ class TrainConfig(LayeredSettings):
         description="Sampling temperature of training calls (the embedded gateway forces it; an "
         "external gateway's --train-temperature must be the same).",
     )
+    exact_tokens: bool = Field(
+        default=False,
+        description="Start the embedded gateway with --exact-tokens: chat calls go to the engine as "
+        "exact token ids, so engines that re-tokenise replies (vLLM) do not break the merge of a "
+        "multi-turn rollout (docs/training-data.md). An external gateway needs the flag itself.",
+    )
     lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate.")
     warmup_steps: int = Field(default=0, ge=0, description="Steps of linear learning-rate warm-up.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay on matrices.")
@@ -326,6 +332,10 @@ class TrainConfig(LayeredSettings):
             raise ValueError("the embedded controller needs agent_class or agent_command")
         if self.gateway == EMBEDDED and self.controller == "external":
             raise ValueError("an embedded gateway needs the embedded controller (no other can reach it)")
+        if self.exact_tokens and self.gateway != EMBEDDED:
+            raise ValueError(
+                "exact_tokens starts the embedded gateway with it: start your gateway with --exact-tokens"
+            )
         if self.lora_rank and not self.lora_targets:
             raise ValueError("lora_target_modules names no module: give comma-separated layer names")
         if self.async_batch_size is not None and self.async_batch_size < self.batch_size:

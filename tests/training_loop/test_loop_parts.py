@@ -150,6 +150,7 @@ def test_every_rollout_names_the_agent_and_hands_it_the_input() -> None:
         ({"agent_command": "x"}, "at most one of agent_class and agent_command"),
         ({"gateway": "localhost:8080"}, "'embedded' or an http"),
         ({"controller": "external"}, "an embedded gateway needs the embedded controller"),
+        ({"gateway": "http://gw:8000", "exact_tokens": True}, "start your gateway with --exact-tokens"),
         ({"batch_size": 4, "async_batch_size": 2}, "async_batch_size 2 < batch_size 4"),
         ({"agent_command": "'unclosed", "agent_class": ""}, "cannot be split"),
     ],

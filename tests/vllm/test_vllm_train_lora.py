@@ -5,8 +5,8 @@ PEFT adapter once and hot-loads it into vLLM (`POST /v1/load_lora_adapter`) insi
 
 The version is proved from the ledger alone: every call of step k was sent as, and answered by,
 the adapter of version k (step 0: the base), and recorded with version k. vLLM re-tokenises earlier
-assistant turns, so merge breaks are expected without the gateway's exact-token option (not in
-`keraunos train`'s settings yet): every one must be of a classified kind.
+assistant turns; the run sets `exact_tokens: true`, so its embedded gateway sends every later turn
+as the exact ids (docs/training-data.md) and no rollout's calls break the merge.
 
 The run's adapters are `smollm2-v1`.., the name test_vllm_lora.py loads too: the run unloads a
 name vLLM holds before loading its own, and unloads its adapters older than the previous version.
@@ -58,6 +58,7 @@ def train_config(tmp_path: Path, model: Path, vllm: VllmServer) -> Path:
         "engine_kind": "vllm",
         "engine_urls": [vllm.endpoint],
         "lora_rank": LORA_RANK,
+        "exact_tokens": True,
         "steps": STEPS,
         "group_size": GROUP_SIZE,
         "batch_size": 1,
@@ -130,10 +131,9 @@ def test_keraunos_train_with_lora_on_real_vllm_serves_every_call_of_step_k_with_
     assert [(r["step"], r["version"]) for r in records] == [(s, s + 1) for s in range(STEPS)]
     assert all(r["publish/replicas"] == 1 and r["publish/failed_replicas"] == 0 for r in records)
     assert all(r["collect/stale_calls"] == 0 and r["collect/unversioned_calls"] == 0 for r in records)
-    # Every merge break is of a known kind (vLLM re-tokenises; nothing unexplained).
+    # With exact tokens no call breaks the merge: every rollout is one row.
     for r in records:
-        assert r["rows/breaks_unclassified"] == 0, r
-        assert r["rows/breaks"] == sum(r[f"rows/breaks_{kind}"] for kind in BREAK_KINDS)
+        assert r["rows/breaks"] == 0 and sum(r[f"rows/breaks_{kind}"] for kind in BREAK_KINDS) == 0, r
     # Reward and timings are in every record.
     for r in records:
         assert 0.0 <= r["reward_mean"] <= 1.0
@@ -152,6 +152,9 @@ def test_keraunos_train_with_lora_on_real_vllm_serves_every_call_of_step_k_with_
         # vLLM answered under the name it was asked for: the adapter, or the base at step 0.
         assert {d["request"]["model"] for d in data} == {expected or SERVED}, step
         assert {d["response"]["model"] for d in data} == {expected or SERVED}, step
+        # Every call after a rollout's first went to vLLM as exact ids (the gateway says so).
+        later = [d for d in data if any(m["role"] == "assistant" for m in d["request"]["messages"])]
+        assert all(d["server"].get("exact_tokens") for d in later), step
 
     # vLLM holds the run's last two adapters; the older ones were unloaded.
     models = {m["id"] for m in httpx.get(f"{vllm_server.endpoint}/models", timeout=10).json()["data"]}
