@@ -44,15 +44,8 @@ from rich.progress import Progress
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from keraunos.release.stats import (
-    PROMOTE,
-    ROLLBACK,
-    ReleaseStatsConfig,
-    alpha_budget,
-    confidence_sequence,
-    reward_verdict,
-    sample_ratio_log_evidence,
-)
+from keraunos.release.sequences import confidence_sequence, sample_ratio_log_evidence
+from keraunos.release.stats import PROMOTE, ROLLBACK, ReleaseStatsConfig, alpha_budget, reward_verdict
 
 #: Outcome codes of a simulated release.
 BUDGET, PROMOTED, ROLLED_BACK_REWARD, ROLLED_BACK_ERRORS, ROLLED_BACK_SRM = 0, 1, 2, 3, 4

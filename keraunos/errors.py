@@ -16,7 +16,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── AdapterError          serving.runner: a LoRA adapter that cannot be loaded
 │   ├── GgufError             serving.gguf: a GGUF file that cannot be converted
 │   ├── BatchError            training.backends.torch.batch: rows that do not make a batch
-│   └── ObservationError      release.stats: a reward, arm or fraction the release statistics cannot take
+│   └── ObservationError      release.sequences: a reward, arm or fraction the release statistics cannot take
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,
     │                         InvalidTransition, AttemptNotFound, AttemptConflict

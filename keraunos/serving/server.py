@@ -182,14 +182,21 @@ class ModelServer:
     async def _completions(self, request: Request) -> Response:
         return await self._model_request(request, chat=False)
 
-    async def _model_request(self, request: Request, *, chat: bool) -> Response:
+    async def _authorized_json(self, request: Request) -> Any:
+        """The request's JSON body, or the answer refusing it (a 401/403 without the key, a 400
+        for a body that is not JSON): the first step of every POST route."""
         refused = self._unauthorized(request)
         if refused is not None:
             return refused
         try:
-            body = orjson.loads(await request.body())
+            return orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
             return _error(400, f"Invalid JSON body: {exc}")
+
+    async def _model_request(self, request: Request, *, chat: bool) -> Response:
+        body = await self._authorized_json(request)
+        if isinstance(body, Response):
+            return body
         try:
             gen = self._prepare(body, chat=chat, session=request.headers.get(SESSION_HEADER, ""))
         except RequestError as exc:
@@ -355,13 +362,9 @@ class ModelServer:
         )
 
     async def _weights(self, request: Request) -> Response:
-        refused = self._unauthorized(request)
-        if refused is not None:
-            return refused
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as exc:
-            return _error(400, f"Invalid JSON body: {exc}")
+        body = await self._authorized_json(request)
+        if isinstance(body, Response):
+            return body
         path = body.get("path") if isinstance(body, dict) else None
         version = body.get("version") if isinstance(body, dict) else None
         if not isinstance(path, str) or (
@@ -375,13 +378,9 @@ class ModelServer:
         return _json({"version": new_version})
 
     async def _adapters(self, request: Request) -> Response:
-        refused = self._unauthorized(request)
-        if refused is not None:
-            return refused
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as exc:
-            return _error(400, f"Invalid JSON body: {exc}")
+        body = await self._authorized_json(request)
+        if isinstance(body, Response):
+            return body
         name = body.get("name") if isinstance(body, dict) else None
         path = body.get("path") if isinstance(body, dict) else None
         if not isinstance(name, str) or not isinstance(path, str):

@@ -13,19 +13,21 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from keraunos.errors import InputError, KeraunosError
-from keraunos.release.stats import (
+from keraunos.release.sequences import (
     BoundedMean,
+    ObservationError,
+    clip_rewards,
+    confidence_sequence,
+    sample_ratio_log_evidence,
+)
+from keraunos.release.stats import (
     CanaryStats,
     Decision,
-    ObservationError,
     ReleaseStatsConfig,
     ReplayStats,
     alpha_budget,
-    clip_rewards,
-    confidence_sequence,
     decide_canary,
     decide_replay,
-    sample_ratio_log_evidence,
 )
 
 PROPERTY = settings(derandomize=True, max_examples=60, deadline=None)

@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from keraunos.gateway._errors import openai_error
 from keraunos.gateway.api._common import _raw_body
-from keraunos.gateway.proxy.routes import _JSON, gateway_error, proxy_state, router
+from keraunos.gateway.proxy.answers import JSON, gateway_error
+from keraunos.gateway.proxy.routes import proxy_state, router
 from keraunos.gateway.replicas import NotAcknowledged
 
 
@@ -43,7 +44,7 @@ async def pause(request: Request) -> Response:
         answer = await state.coordination.request_pause(float(body.retry_after_seconds), body.reason)
     except NotAcknowledged as exc:
         return _not_acknowledged(exc)
-    return Response(orjson.dumps(answer), media_type=_JSON)
+    return Response(orjson.dumps(answer), media_type=JSON)
 
 
 @router.post("/resume", include_in_schema=False)
@@ -53,17 +54,17 @@ async def resume(request: Request) -> Response:
         body = await proxy_state(request).coordination.request_resume()
     except NotAcknowledged as exc:
         return _not_acknowledged(exc)
-    return Response(orjson.dumps(body), media_type=_JSON)
+    return Response(orjson.dumps(body), media_type=JSON)
 
 
 @router.get("/state", include_in_schema=False)
 async def pause_state(request: Request) -> Response:
     """`{"paused", "retry_after_seconds", "reason", "inflight"}`: a trainer waits for inflight 0."""
     body = await proxy_state(request).coordination.state()
-    return Response(orjson.dumps(body), media_type=_JSON)
+    return Response(orjson.dumps(body), media_type=JSON)
 
 
 def _not_acknowledged(exc: NotAcknowledged) -> Response:
     """503: the pause (or resume) stands, but these live replicas have not applied it yet."""
     body = openai_error(503, str(exc), code="not_acknowledged", unacknowledged=list(exc.waiting))
-    return Response(body, status_code=503, media_type=_JSON)
+    return Response(body, status_code=503, media_type=JSON)

@@ -23,8 +23,16 @@ import structlog
 from fastapi import APIRouter, Request, Response
 from starlette.types import Receive, Scope, Send
 
-from keraunos.gateway._errors import openai_error
 from keraunos.gateway.api._common import TOO_DEEP_MESSAGE, LeanRoute, _raw_body, dump_bounded, id_checked
+from keraunos.gateway.proxy.answers import (
+    JSON,
+    failure_answer,
+    fenced,
+    gateway_error,
+    not_found,
+    passthrough,
+    paused,
+)
 from keraunos.gateway.proxy.disconnect import DisconnectWatch
 from keraunos.gateway.proxy.exact import with_prompt_ids
 from keraunos.gateway.proxy.record import (
@@ -54,7 +62,6 @@ log = structlog.get_logger("keraunos.gateway.proxy")
 #: Paths under `.../openai/v1/` that are model calls.
 CALL_PATHS: frozenset[str] = frozenset(("chat/completions", "completions"))
 CHAT = "chat/completions"
-_JSON = "application/json"
 
 
 class ProxyRoute(LeanRoute):
@@ -92,12 +99,12 @@ async def model_call(request: Request, rollout_id: str, attempt_id: str, mode: s
     state = proxy_state(request)
     temperature = state.temperatures.get(mode)
     if temperature is None or path not in CALL_PATHS:
-        return _not_found(mode, path)
+        return not_found(mode, path)
     pause = state.pause
     if pause.paused:
-        return _paused(state)
+        return paused(state)
     if pause.fenced():
-        return _fenced()
+        return fenced()
     pause.admit()
     handed_over = False
     try:
@@ -303,7 +310,7 @@ async def _forward(
             attempts=outcome.attempts,
             upstream_s=time.perf_counter() - call.upstream_at,
         )
-        return _failure(outcome)
+        return failure_answer(outcome)
     if isinstance(outcome, Opened):
         return StreamedCall(call, outcome, strip_usage=strip_usage, release=state.pause.release)
     recorded = model_request_data(
@@ -336,7 +343,7 @@ async def _forward(
         )
     if error is not None:
         raise error
-    return _passthrough(outcome)
+    return passthrough(outcome)
 
 
 async def _agent_left(call: _Call, progress: Progress) -> Response:
@@ -562,7 +569,7 @@ async def list_served_models(request: Request, rollout_id: str, attempt_id: str,
     """The served model, as an OpenAI server lists its models."""
     state = proxy_state(request)
     if mode not in state.temperatures:
-        return _not_found(mode, "models")
+        return not_found(mode, "models")
     await _check_rollout(state, rollout_id)
     body = {
         "object": "list",
@@ -575,64 +582,4 @@ async def list_served_models(request: Request, rollout_id: str, attempt_id: str,
             }
         ],
     }
-    return Response(orjson.dumps(body), media_type=_JSON)
-
-
-# -- responses -------------------------------------------------------------------------------------
-
-
-def gateway_error(
-    status_code: int, message: str, *, source: str = "gateway", attempts: int = 0, code: str | None = None
-) -> Response:
-    """An error the gateway makes: FastAPI's `detail` plus OpenAI's `error` saying who failed."""
-    body = openai_error(status_code, message, code=code, source=source, attempts=attempts)
-    return Response(body, status_code=status_code, media_type=_JSON)
-
-
-def _failure(failure: Failure) -> Response:
-    if failure.kind == "timeout":
-        status, what = 504, "timed out"
-    else:
-        status, what = 502, "could not be reached"
-    message = (
-        f"The model endpoint {failure.endpoint.endpoint} {what} "
-        f"({failure.attempts} attempt{'s' if failure.attempts != 1 else ''}): {failure.message}"
-    )
-    return gateway_error(status, message, source="upstream", attempts=failure.attempts)
-
-
-def _passthrough(answer: Answer) -> Response:
-    return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
-
-
-def _not_found(mode: str, path: str) -> Response:
-    """404 for a mode or an OpenAI path the proxy does not serve, saying which are served."""
-    if mode not in ("train", "val"):
-        message = f"Unknown proxy mode {mode[:64]!r}: use mode/train or mode/val"
-    else:
-        message = f"Unknown proxy path openai/v1/{path[:64]}: the proxy serves chat/completions, completions and models"
-    return gateway_error(404, message, code="unknown_path")
-
-
-def _fenced() -> Response:
-    """503: this replica lost touch with the others (database), so it cannot know whether they paused."""
-    response = gateway_error(
-        503,
-        "This gateway replica cannot reach the shared ledger to learn whether the gateways are "
-        "paused, so it admits no model call; retry shortly (possibly through another replica)",
-    )
-    response.headers["Retry-After"] = "1"
-    return response
-
-
-def _paused(state: ProxyState) -> Response:
-    pause = state.pause
-    # OpenAI's error shape like every gateway error on a proxy path; v1.0's own signal, the
-    # `X-Agl-Paused` header, and its `reason` key stay (no v1.0 client reads the body's `error`).
-    message = f"gateway paused: {pause.reason}" if pause.reason else "gateway paused"
-    return Response(
-        openai_error(429, message, code="gateway_paused", reason=pause.reason),
-        status_code=429,
-        media_type=_JSON,
-        headers={"Retry-After": pause.retry_after_header, "X-Agl-Paused": "true"},
-    )
+    return Response(orjson.dumps(body), media_type=JSON)

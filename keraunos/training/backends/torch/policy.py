@@ -6,6 +6,9 @@ sampled at, then `log_softmax` and the token's entry (see `keraunos.serving.samp
 are the ones given with the rows (left-padded prompts start at 0), the attention mask hides the
 padding, and dropout stays off, so for the same weights and temperature the trainer's log probs
 equal the sampler's.
+
+Also where the policy runs (`pick_device`) and how it trades compute for memory
+(`enable_gradient_checkpointing`).
 """
 
 from __future__ import annotations
@@ -108,3 +111,31 @@ def _accepts(model: Any, name: str) -> bool:
         return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """transformers' gradient checkpointing, without putting the model in training mode.
+
+    transformers checkpoints a block only while the block's `training` flag is set; setting that
+    flag on the blocks alone (not their children) keeps dropout off, so log probs stay those of
+    the served model.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False):
+            module.training = True
+
+
+def pick_device(device: str) -> str:
+    """The torch device for `device` ('auto': CUDA when torch sees one, else CPU); `PolicyLoadError`
+    when CUDA is asked for and torch sees none."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PolicyLoadError(f"device {device!r} asked for, but torch sees no CUDA device: use cpu or auto")
+    return device

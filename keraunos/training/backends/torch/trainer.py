@@ -57,7 +57,13 @@ from keraunos.training.backends.torch.distributed import (
     shard_rows,
 )
 from keraunos.training.backends.torch.loss import LossSums, policy_loss
-from keraunos.training.backends.torch.policy import PolicyLoadError, load_policy, response_logprobs
+from keraunos.training.backends.torch.policy import (
+    PolicyLoadError,
+    enable_gradient_checkpointing,
+    load_policy,
+    pick_device,
+    response_logprobs,
+)
 
 log = structlog.get_logger("keraunos.training.torch")
 
@@ -178,7 +184,7 @@ class TorchTrainer:
         # In a process group of several ranks (torchrun): each rank its share of every batch, FSDP2
         # or DDP over the ranks (keraunos.training.backends.torch.distributed).
         self.world = current_world()
-        device = _pick_device(config.device)
+        device = pick_device(config.device)
         if self.world is not None and device == "cuda":
             device = f"cuda:{self.world.local_rank}"
         self.device = torch.device(device)
@@ -211,7 +217,7 @@ class TorchTrainer:
             )
             self.reference.requires_grad_(False)
         if config.gradient_checkpointing:
-            _enable_gradient_checkpointing(self.model)
+            enable_gradient_checkpointing(self.model)
         # Full weights are sharded (FSDP2), a LoRA adapter is replicated (DDP: `self._replicated`
         # runs the trained forward passes, `self.model` stays the PEFT model for everything else).
         self._sharded = self.world is not None and config.lora is None
@@ -577,29 +583,3 @@ def _with_adapter(model: Any, lora: LoraSettings, adapter_dir: str | Path | None
             raise PolicyLoadError(f"cannot add a LoRA adapter: {error}") from error
     wrapped.eval()
     return wrapped
-
-
-def _enable_gradient_checkpointing(model: Any) -> None:
-    """transformers' gradient checkpointing, without putting the model in training mode.
-
-    transformers checkpoints a block only while the block's `training` flag is set; setting that
-    flag on the blocks alone (not their children) keeps dropout off, so log probs stay those of
-    the served model.
-    """
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False
-    for module in model.modules():
-        if getattr(module, "gradient_checkpointing", False):
-            module.training = True
-
-
-def _pick_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise PolicyLoadError(f"device {device!r} asked for, but torch sees no CUDA device: use cpu or auto")
-    return device
