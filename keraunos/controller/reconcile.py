@@ -165,11 +165,19 @@ class _LocalRunning:
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """The loop's knobs: pool size, poll interval, and how long a failed report is retried."""
+    """The loop's knobs: pool size, poll interval, and how long a failed report is retried, while
+    running (`report_retry_s`) and once the controller is stopping (`shutdown_report_s`).
+
+    A stopping controller whose gateway is gone (the `keraunos train` that started both was
+    killed) must not outlive it by a lease retrying reports nobody can take: once stopping, a report
+    is retried only `shutdown_report_s` more; the record stays on disk, so a restarted controller
+    reports the attempt as lost, and the gateway's lease sweep ends it as lost anyway.
+    """
 
     pool_size: int
     poll_interval_s: float
     report_retry_s: float
+    shutdown_report_s: float = 5.0
 
 
 class Reconciler:
@@ -194,6 +202,7 @@ class Reconciler:
         self._held: dict[tuple[str, str], Assignment] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
+        self._stopping_since: float | None = None  # monotonic time the loop began to stop
 
     @property
     def live_count(self) -> int:
@@ -223,6 +232,7 @@ class Reconciler:
                 self._slot_freed.clear()
         finally:
             # Leases stay renewed while the agents are stopped and their attempts reported.
+            self._stopping_since = time.monotonic()
             try:
                 await self._shutdown()
             finally:
@@ -334,6 +344,8 @@ class Reconciler:
                 await self.source.report(record.rollout_id, record.attempt_id, ending, Path(record.log_path))
                 return True
             except (GatewayError, GatewayUnreachable) as exc:
+                if self._stopping_since is not None:
+                    deadline = min(deadline, self._stopping_since + self.settings.shutdown_report_s)
                 if time.monotonic() + delay > deadline:
                     # The record stays: a restarted controller reports the attempt as lost.
                     log.error(

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from keraunos.controller.client import GatewayUnreachable
 from keraunos.controller.metrics import ControllerMetrics
 from keraunos.controller.reconcile import LoopSettings, Reconciler, Recovered, RunningAgent
 from keraunos.controller.runners._state import AgentRecord
@@ -203,5 +204,32 @@ def test_an_exception_while_taking_work_is_counted_and_the_loop_takes_again(tmp_
         await wait_until(task, lambda: ("later", "1") in source.reports)
         assert reconciler.metrics.loop_errors["take"] == 2
         task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_stopping_controller_whose_gateway_is_gone_gives_up_its_reports_after_the_shutdown_bound(
+    tmp_path: Path,
+) -> None:
+    # The `keraunos train` that started gateway and controller was killed: the controller is told
+    # to stop, its agents end, and no report can reach the gateway. It gives up after
+    # `shutdown_report_s`, not after the 60 s a running controller would keep retrying.
+    async def scenario() -> None:
+        source = Source([assignment("slow", "slow")])
+
+        async def unreachable(*_: object) -> None:
+            raise GatewayUnreachable("connection refused")
+
+        source.report = unreachable  # type: ignore[method-assign]
+        runner = Runner(tmp_path)
+        settings = LoopSettings(4, 0.02, report_retry_s=60.0, shutdown_report_s=0.3)
+        reconciler = Reconciler(source, runner, settings)
+        stop = asyncio.Event()
+        task = asyncio.create_task(reconciler.run(stop))
+        await wait_until(task, lambda: "slow" in runner.agents)
+        stop.set()
+        await asyncio.wait_for(task, timeout=20)  # far below report_retry_s
+        assert runner.agents["slow"].stopped is not None
+        assert reconciler.metrics.reports_abandoned == 1
 
     asyncio.run(scenario())
