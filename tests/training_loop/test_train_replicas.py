@@ -74,6 +74,16 @@ def stop_train(train: subprocess.Popen[str]) -> None:
         train.wait(10)
 
 
+def run_train(tmp_path: Path, config: Path, agents_pythonpath: str) -> None:
+    """`keraunos train` from start to its end; it must exit 0."""
+    train = start_train(tmp_path, config, agents_pythonpath)
+    try:
+        _, stderr = train.communicate(timeout=240)
+    finally:
+        stop_train(train)
+    assert train.returncode == 0, stderr[-3000:]
+
+
 def records_of(run_dir: Path) -> list[dict[str, float]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -107,12 +117,7 @@ def test_two_started_keraunos_serve_replicas_serve_every_call_of_step_k_plus_1_w
     steps = 3
     config = write_config(tmp_path, steps, engine_replicas=2)
     run_dir = tmp_path / "run"
-    train = start_train(tmp_path, config, agents_pythonpath)
-    try:
-        _, stderr = train.communicate(timeout=240)
-    finally:
-        stop_train(train)
-    assert train.returncode == 0, stderr[-3000:]
+    run_train(tmp_path, config, agents_pythonpath)
 
     records = records_of(run_dir)
     assert [(r["step"], r["version"]) for r in records] == [(s, s + 1) for s in range(steps)]
@@ -222,12 +227,7 @@ def test_a_lora_run_on_two_started_keraunos_serve_replicas_serves_step_k_with_ad
     # Two steps, then a resumed run of the third: its fresh replicas get the checkpoint's adapter.
     for steps, more in ((2, {}), (3, {"resume": True})):
         config = write_config(tmp_path, steps, engine_replicas=2, lora_rank=4, **more)
-        train = start_train(tmp_path, config, agents_pythonpath)
-        try:
-            _, stderr = train.communicate(timeout=240)
-        finally:
-            stop_train(train)
-        assert train.returncode == 0, stderr[-3000:]
+        run_train(tmp_path, config, agents_pythonpath)
 
     records = records_of(run_dir)
     assert [(r["step"], r["version"]) for r in records] == [(s, s + 1) for s in range(3)]

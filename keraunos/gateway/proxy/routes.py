@@ -156,6 +156,24 @@ class _Call:
             exact_tokens=self.spliced is not None,
         )
 
+    async def send(
+        self, endpoints: Sequence[Model], payload: bytes, progress: Progress
+    ) -> Answer | Failure | Opened:
+        """Send `payload` upstream for this call (with the proxy's retries and routing)."""
+        state = self.state
+        return await call_upstream(
+            state.session,
+            rollout_id=self.rollout_id,
+            endpoints=endpoints,
+            path=self.path,
+            body=payload,
+            policy=state.policy,
+            cooldowns=state.cooldowns,
+            stream=self.stream,
+            progress=progress,
+            conversation=f"{self.rollout_id}/{self.attempt_id}",
+        )
+
     def remember(self, data: dict[str, Any]) -> None:
         """--exact-tokens: keep a recorded ok chat call for the attempt's next calls to extend."""
         exact = self.state.exact
@@ -273,18 +291,7 @@ async def _forward(
     call.upstream_at = time.perf_counter()
     try:
         with watch:
-            outcome = await call_upstream(
-                state.session,
-                rollout_id=rollout_id,
-                endpoints=endpoints,
-                path=path,
-                body=payload,
-                policy=state.policy,
-                cooldowns=state.cooldowns,
-                stream=streamed,
-                progress=progress,
-                conversation=f"{rollout_id}/{attempt_id}",
-            )
+            outcome = await call.send(endpoints, payload, progress)
             if spliced is not None and _refused(outcome):
                 payload, outcome = await _as_rendered(call, endpoints, progress, outcome)
                 spliced = None
@@ -380,19 +387,7 @@ async def _as_rendered(
     call.spliced = None
     payload = dump_bounded(call.request)
     assert payload is not None, "the body with prompt ids was serialised, so it is without them"
-    outcome = await call_upstream(
-        state.session,
-        rollout_id=call.rollout_id,
-        endpoints=endpoints,
-        path=call.path,
-        body=payload,
-        policy=state.policy,
-        cooldowns=state.cooldowns,
-        stream=call.stream,
-        progress=progress,
-        conversation=f"{call.rollout_id}/{call.attempt_id}",
-    )
-    return payload, outcome
+    return payload, await call.send(endpoints, payload, progress)
 
 
 def _refused(outcome: Answer | Failure | Opened) -> bool:
