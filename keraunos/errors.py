@@ -16,10 +16,12 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── AdapterError          serving.runner: a LoRA adapter that cannot be loaded
 │   ├── GgufError             serving.gguf: a GGUF file that cannot be converted
 │   ├── BatchError            training.backends.torch.batch: rows that do not make a batch
-│   └── ObservationError      release.sequences: a reward, arm or fraction the release statistics cannot take
+│   ├── ObservationError      release.sequences: a reward, arm or fraction the release statistics cannot take
+│   └── InvalidResource       resources: resource content that does not fit its kind
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,
-    │                         InvalidTransition, AttemptNotFound, AttemptConflict
+    │                         InvalidTransition, AttemptNotFound, AttemptConflict,
+    │                         ResourceNotFound, ResourceConflict
     ├── CodecError            ledger.codec: a stored record that cannot be decoded
     ├── GatewayError          controller.client: the gateway answered with an error
     ├── GatewayUnreachable    controller.client: the gateway could not be reached

@@ -106,14 +106,24 @@ class RolloutMetadata(BaseModel):
     sample_idx_in_batch: int | None = None
 
 
+#: What a rollout asks of a resource (docs/protocol.md#resources): a version number, or a label name
+#: resolved to the version it points at when the rollout is created.
+ResourceSelector = Annotated[int, Field(ge=1, lt=2**63)] | Id
+
+
 class RolloutCreate(_Strict):
-    """One item of `POST /api/rollouts`. A caller-chosen `rollout_id` makes creation idempotent."""
+    """One item of `POST /api/rollouts`. A caller-chosen `rollout_id` makes creation idempotent.
+
+    `resources` (a keraunos extension) names the resource versions the rollout uses, each by version
+    number or label; they are resolved and recorded with the rollout in one transaction.
+    """
 
     input: Any
     is_train: bool = True
     config: RolloutConfig | None = None
     metadata: RolloutMetadata | None = None
     rollout_id: Id | None = None
+    resources: dict[Id, ResourceSelector] | None = None
 
 
 class RolloutStatus(BaseModel):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keraunos.audit import AuditDraft, AuditEntry
 from keraunos.ledger.codec._wire import WireCall
 from keraunos.protocol import (
     MODEL_REQUEST,
@@ -25,6 +26,7 @@ from keraunos.protocol import (
     RolloutStatusPatch,
     TerminalPage,
 )
+from keraunos.resources import Label, ResourceKind, ResourceSummary, ResourceVersion
 
 #: A wire event (`keraunos.protocol.Event` shape) as a plain dict, for speed on large reads.
 EventDict = dict[str, Any]
@@ -57,6 +59,36 @@ class AttemptFence:
     attempt_state: AttemptState | None
 
 
+@dataclass(frozen=True, slots=True)
+class NewVersion:
+    """A push, checked and hashed by the caller (`keraunos.resources.normalized_content`,
+    `content_hash`): what `Ledger.push_resource` stores as the resource's next version."""
+
+    name: str
+    kind: ResourceKind
+    content: dict[str, Any]
+    hash: str
+    message: str
+    parent: int | None
+    actor: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A resource version recorded on a rollout, and the selector it was resolved from."""
+
+    version: ResourceVersion
+    selector: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditHead:
+    """How many audit entries the ledger counts, and the last one's hash (`GENESIS` when none)."""
+
+    count: int
+    head: str
+
+
 class Ledger(abc.ABC):
     """An async, durable store. Use as `async with ledger:` or call `open()` / `close()`."""
 
@@ -83,6 +115,9 @@ class Ledger(abc.ABC):
 
         An item whose `rollout_id` already exists yields the existing rollout untouched; an item
         without an id gets a fresh random one. Duplicate ids inside one call resolve to the first.
+        An item's `resources` (name -> version number or label) are resolved in the same
+        transaction and recorded on the new rollout (`rollout_resources`); a name, version or label
+        that does not exist raises `ResourceNotFound` and creates none of the items.
         """
 
     @abc.abstractmethod
@@ -266,3 +301,72 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
         """Delete endpoints matching the given filters (none = all); returns how many went."""
+
+    # -- resources, labels and the audit log (docs/protocol.md#resources) ------------------------
+    # Every change here appends its audit entry (keraunos.audit) in the change's own transaction:
+    # the entry gets the next number, the time `now`, and the previous entry's hash.
+
+    @abc.abstractmethod
+    async def push_resource(self, new: NewVersion, now: float) -> tuple[ResourceVersion, bool]:
+        """Store `new` as the resource's next version (1 for a new resource); `(version, True)`.
+
+        Content whose hash equals the latest version's stores nothing and answers `(latest, False)`,
+        so a retried push is harmless. `new.parent` None means the latest version (None for the
+        first). Raises `ResourceConflict` when the resource exists with another kind or `parent` is
+        not one of its versions. A stored version appends an audit entry `resource.push`.
+        """
+
+    @abc.abstractmethod
+    async def list_resources(self) -> list[ResourceSummary]:
+        """Every resource, by name, with its latest version and labels."""
+
+    @abc.abstractmethod
+    async def resource_history(self, name: str) -> list[ResourceVersion]:
+        """The resource's versions, newest first. Raises `ResourceNotFound`."""
+
+    @abc.abstractmethod
+    async def get_resource_version(self, name: str, version: int) -> ResourceVersion | None:
+        """One version, or None when the resource or the version does not exist."""
+
+    @abc.abstractmethod
+    async def list_labels(self, name: str) -> list[Label]:
+        """The resource's labels, by label name (empty for an unknown resource)."""
+
+    @abc.abstractmethod
+    async def move_label(
+        self,
+        name: str,
+        label: str,
+        version: int,
+        *,
+        expected: int | None,
+        actor: str,
+        reason: str,
+        evidence: dict[str, Any] | None,
+        now: float,
+    ) -> Label:
+        """Point `label` of resource `name` at `version` (creating the label), in one transaction
+        with its audit entry `label.move` (before: the version it pointed at, or None).
+
+        `expected` not None makes it a compare-and-set: the label must point at that version now
+        (0: must not exist), else `ResourceConflict` and nothing changes. A move to where the label
+        already points changes nothing and appends no entry. Raises `ResourceNotFound` for an
+        unknown resource or version.
+        """
+
+    @abc.abstractmethod
+    async def rollout_resources(self, rollout_id: str) -> dict[str, Assignment]:
+        """The resource versions recorded on a rollout at its creation, by resource name (empty
+        when none were asked for). Raises `RolloutNotFound`."""
+
+    @abc.abstractmethod
+    async def append_audit(self, draft: AuditDraft, now: float) -> AuditEntry:
+        """Append one audit entry (an action recorded without a resource change of its own)."""
+
+    @abc.abstractmethod
+    async def list_audit(self, after: int, limit: int) -> list[AuditEntry]:
+        """Audit entries numbered `after+1 .. after+limit`, in order, exactly as stored."""
+
+    @abc.abstractmethod
+    async def audit_head(self) -> AuditHead:
+        """The entry count the ledger keeps beside the chain, and the hash of the last entry."""

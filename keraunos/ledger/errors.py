@@ -55,3 +55,22 @@ class AttemptConflict(LedgerError):
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.why = why
+
+
+class ResourceNotFound(LedgerError):
+    """No resource has this name, or it has no such version or label."""
+
+    def __init__(self, name: str, what: str | None = None) -> None:
+        super().__init__(f"Resource not found: {name}" + (f" ({what})" if what else ""))
+        self.name = name
+        self.what = what
+
+
+class ResourceConflict(LedgerError):
+    """The resource cannot change this way: a push of another kind, a parent that is not one of its
+    versions, or a label move whose `expected` version is not where the label points now."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"Resource {name}: {why}")
+        self.name = name
+        self.why = why
