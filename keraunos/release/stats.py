@@ -229,7 +229,8 @@ def _bounded_reward(value: float, config: ReleaseStatsConfig) -> tuple[float, bo
     return min(max(value, 0.0), 1.0), True
 
 
-def _check_fraction(fraction: float) -> float:
+def check_fraction(fraction: float) -> float:
+    """`fraction` as a float, or `ObservationError` unless it is strictly between 0 and 1."""
     fraction = float(fraction)
     if not 0.0 < fraction < 1.0:
         raise ObservationError(
@@ -248,7 +249,7 @@ class SampleRatio:
 
     def add(self, to_candidate: bool, planned_fraction: float) -> SampleRatio:
         """The state after one assignment made under `planned_fraction` for the candidate."""
-        p = _check_fraction(planned_fraction)
+        p = check_fraction(planned_fraction)
         a = 1.0 if to_candidate else 0.0
         log_wealth = tuple(
             w + a * tilt - math.log1p(p * math.expm1(tilt))
