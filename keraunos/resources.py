@@ -153,7 +153,7 @@ class ResourceSummary(BaseModel):
 def normalized_content(name: str, kind: str, content: dict[str, Any]) -> dict[str, Any]:
     """`content` checked against its kind's model and written out canonically (unset fields left out).
 
-    Raises `InvalidResource` naming the first problem.
+    Raises `InvalidResource` naming every problem.
     """
     model = CONTENT_MODELS.get(kind)
     if model is None:
@@ -161,9 +161,11 @@ def normalized_content(name: str, kind: str, content: dict[str, Any]) -> dict[st
     try:
         parsed = model.model_validate(content)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "content"
-        raise InvalidResource(name, f"{kind} content: {where}: {first['msg']}") from None
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'content'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise InvalidResource(name, f"{kind} content: {problems}") from None
     return parsed.model_dump(mode="json", exclude_none=True)
 
 
