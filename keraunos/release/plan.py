@@ -248,3 +248,62 @@ def _rollback(status: ReleaseStatus, action: str, reason: str) -> Step:
         action,
         reason,
     )
+
+
+class Release(BaseModel):
+    """A release as the ledger stores it and `GET /api/releases/{release_id}` answers it.
+
+    `baseline` and `candidate` are versions of `resource`; `label` points at the baseline until
+    promotion. `share` is the candidate's share of new rollouts that ask for the label (None: no
+    split). `step` counts applied steps: a step is applied only against the count it was computed
+    from, so a runner restarted after a crash never applies one twice. `runner` and
+    `lease_expires_at` say which runner drives it (a lease, like an attempt's).
+    """
+
+    release_id: str
+    resource: str
+    label: str
+    baseline: int
+    candidate: int
+    plan: ReleasePlan
+    state: ReleaseState
+    stage: int
+    waiting_for: str | None
+    step: int
+    share: float | None
+    reason: str
+    evidence: dict[str, float] | None
+    created_at: float
+    updated_at: float
+    created_by: str
+    runner: str | None = None
+    lease_expires_at: float | None = None
+
+    @property
+    def status(self) -> ReleaseStatus:
+        return ReleaseStatus(self.state, self.stage, self.waiting_for, self.step)
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+class Observation(BaseModel):
+    """One rollout of a release's canary, as the runner feeds it to the statistics.
+
+    Rollouts come in creation order (`position` 1, 2, ... within the release), finished or not:
+    the assignment (`arm`, under `share`) is known at creation and feeds the sample-ratio check in
+    that order; `finished` rollouts also carry their outcome: `reward` (the value of the last
+    `reward` event of the rollout's last attempt, None when it has none), `error` (the rollout
+    failed), `latency_s` (creation to its final state), `events` (the event types it recorded).
+    """
+
+    position: int
+    rollout_id: str
+    arm: Literal["candidate", "baseline"]
+    share: float
+    finished: bool
+    reward: float | None = None
+    error: bool = False
+    latency_s: float | None = None
+    events: list[str] = Field(default_factory=list)
