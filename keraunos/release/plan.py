@@ -289,19 +289,21 @@ class Release(BaseModel):
 
 
 class Observation(BaseModel):
-    """One rollout of a release's canary, as the runner feeds it to the statistics.
+    """One rollout of a release, as the runner feeds it to the statistics.
 
-    Rollouts come in creation order (`position` 1, 2, ... within the release), finished or not:
-    the assignment (`arm`, under `share`) is known at creation and feeds the sample-ratio check in
-    that order; `finished` rollouts also carry their outcome: `reward` (the value of the last
-    `reward` event of the rollout's last attempt, None when it has none), `error` (the rollout
-    failed), `latency_s` (creation to its final state), `events` (the event types it recorded).
+    Canary rollouts come in creation order (`position` 1, 2, ... within the release), finished or
+    not: the assignment (`arm`, under `share`) is known at creation and feeds the sample-ratio
+    check in that order. Replay rollouts come by `replay_index`, candidate then baseline (`share`
+    None). `finished` rollouts also carry their outcome: `reward` (the value of the last `reward`
+    event of the rollout's last attempt, None when it has none), `error` (the rollout failed),
+    `latency_s` (creation to its final state), `events` (the event types it recorded).
     """
 
     position: int
     rollout_id: str
     arm: Literal["candidate", "baseline"]
-    share: float
+    share: float | None = None
+    replay_index: int | None = None
     finished: bool
     reward: float | None = None
     error: bool = False
