@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from keraunos.audit import AuditDraft, AuditEntry
 from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
@@ -42,7 +43,16 @@ from keraunos.ledger._rows import (
     rollout_from_row,
     transition_sources,
 )
-from keraunos.ledger.base import AttemptFence, AttemptLog, Claim, EventDict, Ledger
+from keraunos.ledger.base import (
+    Assignment,
+    AttemptFence,
+    AttemptLog,
+    AuditHead,
+    Claim,
+    EventDict,
+    Ledger,
+    NewVersion,
+)
 from keraunos.ledger.codec import encode_json
 from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger.errors import (
@@ -52,6 +62,7 @@ from keraunos.ledger.errors import (
     RolloutNotFound,
 )
 from keraunos.ledger.postgres import _attempts as attempts
+from keraunos.ledger.postgres import _resources as registry
 from keraunos.ledger.postgres._events import ChainCache, append_call
 from keraunos.ledger.postgres._pool import Pool, PoolSettings, row_count
 from keraunos.ledger.postgres._schema import migrate
@@ -68,6 +79,7 @@ from keraunos.protocol import (
     TerminalItem,
     TerminalPage,
 )
+from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
 _SELECT_ROLLOUT = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1"
 _SELECT_FENCE = FENCE_QUERY.format("$1", "$2")
@@ -189,15 +201,17 @@ class PostgresLedger(Ledger):
                 for k in clashes:
                     columns[0][k] = fresh_rollout_id()
             out: list[Rollout] = []
-            first_of: set[str] = set()
+            first_of: dict[str, dict[str, registry.Selector]] = {}
             for k, item in enumerate(items):
                 rollout_id = columns[0][k]
                 if rollout_id in inserted and rollout_id not in first_of:
-                    first_of.add(rollout_id)
+                    first_of[rollout_id] = dict(item.resources or {})
                     out.append(created_rollout(item, rollout_id, now))
                 else:  # idempotent: the existing rollout (or the call's first item), untouched
                     row = await conn.fetchrow(_SELECT_ROLLOUT, rollout_id)
                     out.append(rollout_from_row(row))
+            # The resources of the rollouts really created; one that means nothing undoes them all.
+            await registry.assign(conn, {r: asked for r, asked in first_of.items() if asked})
             return out
 
         return await self._pool.transaction(op)
@@ -460,6 +474,64 @@ class PostgresLedger(Ledger):
             endpoint,
         )
         return row_count(status)
+
+    # -- resources, labels and the audit log (the SQL and its locks: _resources.py) -------------
+
+    async def push_resource(self, new: NewVersion, now: float) -> tuple[ResourceVersion, bool]:
+        return await self._pool.transaction(lambda conn: registry.push(conn, new, now))
+
+    async def list_resources(self) -> list[ResourceSummary]:
+        return await self._pool.run(registry.summaries)
+
+    async def resource_history(self, name: str) -> list[ResourceVersion]:
+        return await self._pool.run(lambda conn: registry.history(conn, name))
+
+    async def get_resource_version(self, name: str, version: int) -> ResourceVersion | None:
+        return await self._pool.run(lambda conn: registry.get_version(conn, name, version))
+
+    async def list_labels(self, name: str) -> list[Label]:
+        return await self._pool.run(lambda conn: registry.labels_of(conn, name))
+
+    async def move_label(
+        self,
+        name: str,
+        label: str,
+        version: int,
+        *,
+        expected: int | None,
+        actor: str,
+        reason: str,
+        evidence: dict[str, Any] | None,
+        now: float,
+    ) -> Label:
+        return await self._pool.transaction(
+            lambda conn: registry.move_label(
+                conn,
+                name,
+                label,
+                version,
+                expected=expected,
+                actor=actor,
+                reason=reason,
+                evidence=evidence,
+                now=now,
+            )
+        )
+
+    async def rollout_resources(self, rollout_id: str) -> dict[str, Assignment]:
+        found = await self._pool.run(lambda conn: registry.assignments(conn, rollout_id))
+        if found is None:
+            raise RolloutNotFound(rollout_id)
+        return found
+
+    async def append_audit(self, draft: AuditDraft, now: float) -> AuditEntry:
+        return await self._pool.transaction(lambda conn: registry.append(conn, draft, now))
+
+    async def list_audit(self, after: int, limit: int) -> list[AuditEntry]:
+        return await self._pool.run(lambda conn: registry.audit_page(conn, after, limit))
+
+    async def audit_head(self) -> AuditHead:
+        return await self._pool.run(registry.head)
 
 
 @functools.cache

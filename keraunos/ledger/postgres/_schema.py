@@ -169,6 +169,70 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE models ADD COLUMN served_as text;
     """,
+    # 3: versioned resources, their labels, the versions recorded on each rollout, and the audit
+    # log (SQLite's step 5). JSON values are kept as the text they were written as, so an audit
+    # entry reads back exactly as it was hashed. A push or label move locks its resource's row
+    # first, so version numbers and compare-and-set hold across replicas; an audit append
+    # increments the 'audit_entries' counter row first, which serialises appends in commit order.
+    """
+    CREATE TABLE resources (
+        id          bigserial PRIMARY KEY,
+        name        text NOT NULL UNIQUE,
+        kind        text NOT NULL,                        -- keraunos.resources.ResourceKind
+        created_at  double precision NOT NULL,
+        updated_at  double precision NOT NULL             -- the last push or label move
+    );
+
+    CREATE TABLE resource_versions (
+        resource    bigint NOT NULL REFERENCES resources (id),
+        version     bigint NOT NULL,                      -- 1, 2, ... per resource, no gaps
+        hash        text NOT NULL,                        -- keraunos.resources.content_hash
+        content     bytea NOT NULL,                       -- normalized content as orjson
+        message     text NOT NULL,
+        parent      bigint,
+        created_at  double precision NOT NULL,
+        created_by  text NOT NULL,
+        PRIMARY KEY (resource, version)
+    );
+
+    CREATE TABLE labels (
+        resource    bigint NOT NULL REFERENCES resources (id),
+        label       text NOT NULL,
+        version     bigint NOT NULL,
+        updated_at  double precision NOT NULL,
+        updated_by  text NOT NULL,
+        PRIMARY KEY (resource, label),
+        FOREIGN KEY (resource, version) REFERENCES resource_versions (resource, version)
+    );
+
+    -- What a rollout was created with: the version, and the selector it was resolved from. Never
+    -- updated: an assignment is sticky for the rollout's whole life.
+    CREATE TABLE rollout_resources (
+        rollout     bigint NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        resource    bigint NOT NULL,
+        version     bigint NOT NULL,
+        selector    text NOT NULL,                        -- the version's number as text, or the label
+        PRIMARY KEY (rollout, resource),
+        FOREIGN KEY (resource, version) REFERENCES resource_versions (resource, version)
+    );
+
+    CREATE TABLE audit_log (
+        seq         bigint PRIMARY KEY,                   -- 1, 2, ...: the 'audit_entries' count
+        at          double precision NOT NULL,
+        actor       text NOT NULL,
+        action      text NOT NULL,
+        subject     text NOT NULL,
+        before      text NOT NULL,                        -- JSON (orjson), 'null' when nothing
+        after       text NOT NULL,
+        evidence    text,                                 -- JSON object, or NULL
+        reason      text NOT NULL,
+        prev_hash   text NOT NULL,
+        hash        text NOT NULL                         -- keraunos.audit.entry_hash
+    );
+
+    -- The count kept beside the chain; an append increments it before it reads the last hash.
+    INSERT INTO counters (name, value) VALUES ('audit_entries', 0);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
