@@ -17,8 +17,9 @@ in batches (`_compaction.py`): encoding is the costliest part of recording a cal
 takes it off the agent's path whenever the gateway has time to spare.
 
 One idea over 600 lines: the `SqliteLedger` class, every method of the `Ledger` contract on one
-file, each a short hand-off of SQL (`_events.py`, `_attempts.py`) to the writer or a reader;
-splitting the class would scatter one object's lifecycle (open, the writer, the readers, close).
+file, each a short hand-off of SQL (`_events.py`, `_attempts.py`, `_resources.py`) to the writer
+or a reader; splitting the class would scatter one object's lifecycle (open, the writer, the
+readers, close).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from keraunos.audit import AuditDraft, AuditEntry
 from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
@@ -45,7 +47,16 @@ from keraunos.ledger._rows import (
     transition_sources,
 )
 from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
-from keraunos.ledger.base import AttemptFence, AttemptLog, Claim, EventDict, Ledger
+from keraunos.ledger.base import (
+    Assignment,
+    AttemptFence,
+    AttemptLog,
+    AuditHead,
+    Claim,
+    EventDict,
+    Ledger,
+    NewVersion,
+)
 from keraunos.ledger.codec import encode_json, encode_model_request
 from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
 from keraunos.ledger.codec._wire import WireCall, encode_wire
@@ -57,6 +68,7 @@ from keraunos.ledger.errors import (
     RolloutNotFound,
 )
 from keraunos.ledger.sqlite import _attempts as attempts
+from keraunos.ledger.sqlite import _resources as registry
 from keraunos.ledger.sqlite._checkpoint import WRITER_CHECKPOINT_PAGES, Checkpointer
 from keraunos.ledger.sqlite._compaction import Compactor, WireRow
 from keraunos.ledger.sqlite._events import ContextCache
@@ -76,6 +88,7 @@ from keraunos.protocol import (
     TerminalItem,
     TerminalPage,
 )
+from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
 Durability = Literal["normal", "full"]
 
@@ -313,7 +326,13 @@ class SqliteLedger(Ledger):
                 row[0] = fresh_rollout_id()
 
         def op(conn: sqlite3.Connection) -> list[Rollout]:
-            return _create_many(conn, items, values, now)
+            rollouts, fresh = _create_many(conn, items, values, now)
+            # Resolved for the rollouts this call created; a selector that does not resolve raises,
+            # and the operation's SAVEPOINT undoes the whole create.
+            wanted = [(rollout_id, item.resources) for rollout_id, item in fresh if item.resources]
+            if wanted:
+                registry.assign(conn, wanted)
+            return rollouts
 
         return await self._write(op)
 
@@ -640,6 +659,63 @@ class SqliteLedger(Ledger):
 
         return await self._write(op, savepoint=False)
 
+    # -- resources, labels and the audit log (SQL in _resources.py) ---------------------------------
+    # Writes run in a SAVEPOINT (the default): a change and its audit entry are several statements.
+
+    async def push_resource(self, new: NewVersion, now: float) -> tuple[ResourceVersion, bool]:
+        return await self._write(lambda conn: registry.push(conn, new, now))
+
+    async def list_resources(self) -> list[ResourceSummary]:
+        return await self._read(registry.summaries)
+
+    async def resource_history(self, name: str) -> list[ResourceVersion]:
+        return await self._read(lambda conn: registry.history(conn, name))
+
+    async def get_resource_version(self, name: str, version: int) -> ResourceVersion | None:
+        return registry.get_version(self._inline_conn(), name, version)
+
+    async def list_labels(self, name: str) -> list[Label]:
+        return registry.labels(self._inline_conn(), name)
+
+    async def move_label(
+        self,
+        name: str,
+        label: str,
+        version: int,
+        *,
+        expected: int | None,
+        actor: str,
+        reason: str,
+        evidence: dict[str, Any] | None,
+        now: float,
+    ) -> Label:
+        def op(conn: sqlite3.Connection) -> Label:
+            return registry.move_label(
+                conn,
+                name,
+                label,
+                version,
+                expected=expected,
+                actor=actor,
+                reason=reason,
+                evidence=evidence,
+                now=now,
+            )
+
+        return await self._write(op)
+
+    async def rollout_resources(self, rollout_id: str) -> dict[str, Assignment]:
+        return registry.assignments(self._inline_conn(), rollout_id)
+
+    async def append_audit(self, draft: AuditDraft, now: float) -> AuditEntry:
+        return await self._write(lambda conn: registry.append(conn, draft, now))
+
+    async def list_audit(self, after: int, limit: int) -> list[AuditEntry]:
+        return await self._read(lambda conn: registry.list_audit(conn, after, limit))
+
+    async def audit_head(self) -> AuditHead:
+        return registry.head(self._inline_conn())
+
 
 # -- operations (run inside a write batch's transaction) -------------------------------------------
 
@@ -667,8 +743,9 @@ def _insert_rollouts_sql(rows: int) -> str:
 
 def _create_many(
     conn: sqlite3.Connection, items: list[RolloutCreate], values: list[list[Any]], now: float
-) -> list[Rollout]:
-    """Insert `items` (their row `values`, fresh ids drawn) with one statement per `_INSERT_CHUNK`.
+) -> tuple[list[Rollout], list[tuple[str, RolloutCreate]]]:
+    """Insert `items` (their row `values`, fresh ids drawn) with one statement per `_INSERT_CHUNK`;
+    returns the rollouts, and the id and item of each this call created.
 
     A statement per item cost ~10 us of SQLite's per-statement work each, a tenth of a 100-rollout
     POST. The result is what inserting them one by one in order gives: an item whose id exists
@@ -680,12 +757,14 @@ def _create_many(
         params = [value for row in chunk for value in row]
         inserted.update(rid for (rid,) in conn.execute(_insert_rollouts_sql(len(chunk)), params))
     out: list[Rollout] = []
+    fresh: list[tuple[str, RolloutCreate]] = []
     seen: set[str] = set()
     for item, row in zip(items, values, strict=True):
         rollout_id = row[0]
         if rollout_id in inserted and rollout_id not in seen:
             seen.add(rollout_id)
             out.append(created_rollout(item, rollout_id, now))
+            fresh.append((rollout_id, item))
         elif item.rollout_id is None and rollout_id not in inserted:
             # A fresh random id that was taken already (never in practice): draw another.
             while True:
@@ -693,9 +772,10 @@ def _create_many(
                 if conn.execute(_INSERT_ROLLOUT, row).rowcount == 1:
                     break
             out.append(created_rollout(item, row[0], now))
+            fresh.append((row[0], item))
         else:  # idempotent: the existing rollout (or this call's earlier item), untouched
             out.append(_rollout_from_row(conn.execute(_SELECT_ROLLOUT, (rollout_id,)).fetchone()))
-    return out
+    return out, fresh
 
 
 def _patch_one(conn: sqlite3.Connection, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:

@@ -121,6 +121,73 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE models ADD COLUMN served_as TEXT;
     """,
+    # 5: versioned resources, their labels, the versions recorded on each rollout, and the
+    # hash-chained audit log with its entry count (docs/ledger.md#resources-labels-and-the-audit-log).
+    """
+    CREATE TABLE resources (
+        id         INTEGER PRIMARY KEY,
+        name       TEXT NOT NULL UNIQUE,
+        kind       TEXT NOT NULL,                 -- keraunos.resources.ResourceKind
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL                  -- the last push or label move
+    );
+
+    CREATE TABLE resource_versions (
+        resource   INTEGER NOT NULL REFERENCES resources (id),
+        version    INTEGER NOT NULL,              -- 1, 2, ... per resource
+        hash       TEXT NOT NULL,                 -- keraunos.resources.content_hash
+        content    BLOB NOT NULL,                 -- normalized content as orjson
+        message    TEXT NOT NULL,
+        parent     INTEGER,
+        created_at REAL NOT NULL,
+        created_by TEXT NOT NULL,
+        PRIMARY KEY (resource, version)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE labels (
+        resource   INTEGER NOT NULL REFERENCES resources (id),
+        label      TEXT NOT NULL,
+        version    INTEGER NOT NULL,
+        updated_at REAL NOT NULL,
+        updated_by TEXT NOT NULL,
+        PRIMARY KEY (resource, label),
+        FOREIGN KEY (resource, version) REFERENCES resource_versions (resource, version)
+    ) WITHOUT ROWID;
+
+    -- What a rollout was created with: the version, and the selector (a number or a label) it
+    -- was resolved from. Never updated: an assignment is sticky for the rollout's whole life.
+    CREATE TABLE rollout_resources (
+        rollout  INTEGER NOT NULL REFERENCES rollouts (id) ON DELETE CASCADE,
+        resource INTEGER NOT NULL,
+        version  INTEGER NOT NULL,
+        selector TEXT NOT NULL,                   -- the version's number as text, or the label
+        PRIMARY KEY (rollout, resource),
+        FOREIGN KEY (resource, version) REFERENCES resource_versions (resource, version)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE audit_log (
+        seq       INTEGER PRIMARY KEY,            -- 1, 2, ... without gaps
+        at        REAL NOT NULL,
+        actor     TEXT NOT NULL,
+        action    TEXT NOT NULL,
+        subject   TEXT NOT NULL,
+        before    TEXT NOT NULL,                  -- JSON (orjson), 'null' when nothing
+        after     TEXT NOT NULL,
+        evidence  TEXT,                           -- JSON object, or NULL
+        reason    TEXT NOT NULL,
+        prev_hash TEXT NOT NULL,
+        hash      TEXT NOT NULL                   -- keraunos.audit.entry_hash
+    );
+
+    -- The count kept beside the chain: an entry counts itself in its own INSERT, so a deleted
+    -- tail shows as a count the rows do not reach.
+    INSERT INTO counters (name, value) VALUES ('audit_entries', 0);
+    CREATE TRIGGER audit_log_count_entry
+    AFTER INSERT ON audit_log
+    BEGIN
+        UPDATE counters SET value = value + 1 WHERE name = 'audit_entries';
+    END;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
