@@ -126,6 +126,16 @@ async def test_a_deleted_last_entry_is_caught_by_the_count(tmp_path: Path) -> No
     assert report.problems == ("the ledger counts 4 entries but 3 are stored",)
 
 
+async def test_a_deleted_entry_counter_is_caught_as_a_count_of_zero(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    await four_entries(path)
+
+    tamper(path, "DELETE FROM counters WHERE name = 'audit_entries'")
+    report = await reverified(path)
+
+    assert report.problems == ("the ledger counts 0 entries but 4 are stored",)
+
+
 async def test_a_new_entry_after_a_deleted_tail_keeps_the_gap_visible(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
     await four_entries(path)

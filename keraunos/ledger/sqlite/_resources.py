@@ -60,8 +60,9 @@ _INSERT_ASSIGNMENT = (
     "SELECT id, ?, ?, ? FROM rollouts WHERE rollout_id = ?"
 )
 _AUDIT_COLUMNS = "seq, at, actor, action, subject, before, after, evidence, reason, prev_hash, hash"
+# A counter row deleted from the file reads as 0: the entries stored then fail the count check.
 _SELECT_HEAD = (
-    "SELECT (SELECT value FROM counters WHERE name = 'audit_entries'), "
+    "SELECT coalesce((SELECT value FROM counters WHERE name = 'audit_entries'), 0), "
     "(SELECT hash FROM audit_log ORDER BY seq DESC LIMIT 1)"
 )
 
@@ -311,7 +312,7 @@ def assignments(conn: sqlite3.Connection, rollout_id: str) -> dict[str, Assignme
 
 
 def list_audit(conn: sqlite3.Connection, after: int, limit: int) -> list[AuditEntry]:
-    after = max(0, after)
+    after = min(max(0, after), 2**63 - 1)
     upper = min(after + max(0, limit), 2**63 - 1)  # a column's range, whatever `limit` asks
     rows = conn.execute(
         f"SELECT {_AUDIT_COLUMNS} FROM audit_log WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upper)
