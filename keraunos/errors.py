@@ -31,7 +31,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── MetricsServerError    _metrics_http: a metrics port that cannot be served (taken, unknown host)
     ├── ServerDidNotStart     _uvicorn: a server in a background thread did not start
     ├── AgentLoadError        controller._agent_main: an agent's entry point failed to load
-    ├── AgentError            agent: NotInRolloutError, EventRejectedError (the agent SDK)
+    ├── AgentError            agent: NotInRolloutError, EventRejectedError, ResourceReadError (the SDK)
     ├── TrainError            training.errors: a training run cannot go on
     ├── CollectorError        training.collect: rollouts cannot be collected
     ├── TripletReadError      training._read: a triplet answer that cannot be read

@@ -24,3 +24,16 @@ class EventRejectedError(AgentError):
         super().__init__(message)
         self.status = status
         self.detail = detail
+
+
+class ResourceReadError(AgentError):
+    """The gateway refused to tell the agent its rollout's resource versions (an unknown rollout, a
+    superseded attempt, a key out of scope), or kept failing the read.
+
+    `status` is the HTTP status (None when the last try got no answer), `detail` the gateway's message.
+    """
+
+    def __init__(self, message: str, *, status: int | None, detail: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
