@@ -9,6 +9,10 @@ official `openai` client, and posts reward 1.0 for an exactly right final answer
 Settings, from the environment: `CALC_MAX_TURNS` (model calls per episode, default 4),
 `CALC_MAX_TOKENS` (per reply, default 48), `CALC_MODEL` (the model name sent; the gateway replaces
 it with its served model anyway, default `policy`).
+
+The system prompt is the prompt resource `system_prompt` when the rollout was assigned a version
+of it (`resources: {"system_prompt": "candidate"}` at creation), else the built-in `SYSTEM_PROMPT`:
+rollouts without resources, and gateways without them (Agent Lightning v1.0), see no change.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from typing import Any
 import openai.resources.chat  # noqa: F401
 from openai import OpenAI
 
-from keraunos.agent import api_key, emit_reward, openai_base_url
-from keraunos.examples.calc.conversation import Chat, Message, reward_of, solve
+from keraunos.agent import api_key, emit_reward, openai_base_url, resource
+from keraunos.examples.calc.conversation import SYSTEM_PROMPT, Chat, Message, reward_of, solve
+
+#: The prompt resource holding the system prompt, when a rollout is assigned one.
+SYSTEM_PROMPT_RESOURCE = "system_prompt"
 
 #: The environment variable holding the rollout's input (see `keraunos train`'s `input_env`).
 INPUT_ENV = "AGENT_INPUT"
@@ -66,6 +73,14 @@ def read_task(environ: Mapping[str, str]) -> tuple[str, int | str]:
     return task["question"], answer
 
 
+def system_prompt() -> str:
+    """The assigned `system_prompt` resource's template, or the built-in `SYSTEM_PROMPT`."""
+    assigned = resource(SYSTEM_PROMPT_RESOURCE)
+    if assigned is None or assigned.kind != "prompt":
+        return SYSTEM_PROMPT
+    return str(assigned.content["template"])
+
+
 class CalcAgent:
     """The rollout entry point: one question, at most `CALC_MAX_TURNS` model calls, one reward."""
 
@@ -77,7 +92,12 @@ class CalcAgent:
         model = os.environ.get("CALC_MODEL", "policy")
         # A paused gateway answers 429 with Retry-After while weights are swapped; wait it out.
         client = OpenAI(base_url=openai_base_url(), api_key=api_key(), max_retries=8)
-        episode = solve(question, openai_chat(client, model, max_tokens), max_turns=max_turns)
+        episode = solve(
+            question,
+            openai_chat(client, model, max_tokens),
+            max_turns=max_turns,
+            system_prompt=system_prompt(),
+        )
         reward = reward_of(episode, expected)
         emit_reward(
             reward,

@@ -32,18 +32,19 @@ class Episode:
     replies: list[str] = field(default_factory=list)
 
 
-def first_messages(question: str) -> list[Message]:
+def first_messages(question: str, system_prompt: str = SYSTEM_PROMPT) -> list[Message]:
     """The conversation's opening: the protocol as the system prompt, the question as the user turn."""
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
 
 
-def solve(question: str, chat: Chat, *, max_turns: int = 4) -> Episode:
+def solve(question: str, chat: Chat, *, max_turns: int = 4, system_prompt: str = SYSTEM_PROMPT) -> Episode:
     """Talk to the model until it answers or `max_turns` replies were used.
 
     Each reply is added to the conversation exactly as the model wrote it (so a server can reuse
     its own token ids), then answered with the calculator's result or the protocol reminder.
+    `system_prompt` replaces the built-in protocol text (with a prompt resource's template, say).
     """
-    episode = Episode(first_messages(question))
+    episode = Episode(first_messages(question, system_prompt))
     for _ in range(max_turns):
         reply = chat(episode.messages)
         episode.model_calls += 1
