@@ -1,4 +1,4 @@
-"""Resources, labels, rollout assignments and the audit log in PostgreSQL (docs/ledger.md#postgresql).
+"""Resources, labels, rollout assignments and the audit log in PostgreSQL (docs/ledger.md#resources-labels-and-the-audit-log).
 
 Each function runs inside one transaction on one connection (the caller opens it). Several gateways
 may write at once, so each write locks what it decides on before it reads it:
@@ -26,7 +26,7 @@ import orjson
 
 from keraunos.audit import GENESIS, AuditDraft, AuditEntry, chain
 from keraunos.ledger.base import Assignment, AuditHead, NewVersion
-from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
+from keraunos.ledger.errors import LedgerError, ResourceConflict, ResourceNotFound
 from keraunos.ledger.postgres._pool import fetch_int
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
@@ -93,10 +93,11 @@ WHERE ro.rollout_id = $1
 ORDER BY r.name COLLATE "C"
 """
 _AUDIT_COLUMNS = "seq, at, actor, action, subject, before, after, evidence, reason, prev_hash, hash"
-# One statement, one snapshot: the count and the last hash agree.
+# One statement, one snapshot: the count and the last hash agree. A counter row deleted from the
+# database reads as 0, so the entries stored then fail the count check.
 _SELECT_HEAD = """
-SELECT c.value, (SELECT hash FROM audit_log ORDER BY seq DESC LIMIT 1)
-FROM counters c WHERE c.name = 'audit_entries'
+SELECT coalesce((SELECT value FROM counters WHERE name = 'audit_entries'), 0),
+       (SELECT hash FROM audit_log ORDER BY seq DESC LIMIT 1)
 """
 
 
@@ -313,9 +314,14 @@ async def assignments(conn: asyncpg.Connection, rollout_id: str) -> dict[str, As
 
 async def append(conn: asyncpg.Connection, draft: AuditDraft, now: float) -> AuditEntry:
     """Number, chain and store one entry. The counter row stays locked until commit (see above)."""
-    seq = await fetch_int(
-        conn, "UPDATE counters SET value = value + 1 WHERE name = 'audit_entries' RETURNING value"
+    seq = await conn.fetchval(
+        "UPDATE counters SET value = value + 1 WHERE name = 'audit_entries' RETURNING value"
     )
+    if seq is None:
+        raise LedgerError(
+            "the audit log's entry count (row 'audit_entries' of table counters) has been deleted; "
+            "nothing more can be recorded until it is restored (`keraunos audit verify` shows the log)"
+        )
     prev = await conn.fetchval("SELECT hash FROM audit_log ORDER BY seq DESC LIMIT 1")
     # `at` as a float: the hash covers its JSON, and the column reads back as a float.
     entry = chain(draft, seq=seq, at=float(now), prev_hash=prev if prev is not None else GENESIS)
@@ -338,8 +344,8 @@ async def append(conn: asyncpg.Connection, draft: AuditDraft, now: float) -> Aud
 
 async def audit_page(conn: asyncpg.Connection, after: int, limit: int) -> list[AuditEntry]:
     """Entries numbered `after+1 .. after+limit`, in order, as stored."""
-    after = max(0, after)
-    upper = min(after + max(0, limit), 2**63 - 1)  # a bigint, whatever `limit` asks
+    after = min(max(0, after), 2**63 - 1)
+    upper = min(after + max(0, limit), 2**63 - 1)  # a bigint, whatever `after` and `limit` ask
     rows = await conn.fetch(
         f"SELECT {_AUDIT_COLUMNS} FROM audit_log WHERE seq > $1 AND seq <= $2 ORDER BY seq", after, upper
     )
