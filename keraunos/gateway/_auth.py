@@ -1,23 +1,27 @@
-"""Server-key and agent-token authentication as a pure ASGI middleware (cheap on the hot path).
+"""Server-key, scoped-key and agent-token authentication as a pure ASGI middleware (cheap on the hot path).
 
 The server key is accepted as `Authorization: Bearer KEY` or `x-api-key: KEY` and compared in
-constant time; it grants everything, as in Agent Lightning v1.0. An agent token (see `_tokens`) in
-the same headers grants only its own attempt's proxy paths and its own events URL, and only while
-that attempt is current (docs/protocol.md#agent-tokens). Public paths (health check, API docs) need
-no key.
+constant time; it grants everything, as in Agent Lightning v1.0, and is checked first, reading
+nothing. A scoped key (`--keys-file`, `_keys`) in the same headers grants what its role allows
+(`_roles`, docs/protocol.md#scoped-keys). An agent token (see `_tokens`) grants only its own
+attempt's proxy paths, its own events URL and its rollout's resources, and only while that attempt
+is current (docs/protocol.md#agent-tokens). Public paths (health check, API docs) need no key.
+Who is calling is left in the ASGI scope (`ACTOR_SCOPE_KEY`) for the audit log.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import orjson
 import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keraunos.gateway._errors import is_proxy_path, openai_error
+from keraunos.gateway._keys import KeyRing, ScopedKey
+from keraunos.gateway._roles import allows, label_of
 from keraunos.gateway._tokens import TokenClaims, looks_like_token, verify
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import LedgerUnavailable
@@ -27,6 +31,11 @@ log = structlog.get_logger("keraunos.gateway")
 
 #: Where the auth layer leaves the claims of an agent request, for routes that restrict agents further.
 AGENT_SCOPE_KEY = "keraunos.agent"
+#: Where the auth layer leaves who is calling: `key:NAME`, `SERVER_KEY_ACTOR`, or nothing with auth
+#: off (`ANONYMOUS_ACTOR`); routes that change resources record it in the audit log.
+ACTOR_SCOPE_KEY = "keraunos.actor"
+SERVER_KEY_ACTOR = "server-key"
+ANONYMOUS_ACTOR = "anonymous"
 
 UNAUTHORIZED = "Invalid or missing API key"
 OUT_OF_SCOPE = "agent token is not valid for this path"
@@ -44,8 +53,8 @@ def carries_key(headers: Iterable[tuple[bytes, bytes]], key: bytes) -> bool:
     return False
 
 
-def presented_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The first credential in either accepted header that has the form of an agent token."""
+def presented(headers: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
+    """Every credential in either accepted header (`Authorization: Bearer C`, `x-api-key: C`)."""
     for name, value in headers:
         if name == b"authorization":
             scheme, _, credential = value.partition(b" ")
@@ -55,15 +64,29 @@ def presented_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
             credential = value
         else:
             continue
-        credential = credential.strip()
+        yield credential.strip()
+
+
+def presented_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The first credential in either accepted header that has the form of an agent token."""
+    for credential in presented(headers):
         if looks_like_token(credential):
             return credential.decode("latin-1")
     return None
 
 
+def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
+    """The credentials in either accepted header that are not agent tokens (scoped keys, maybe)."""
+    return (credential for credential in presented(headers) if not looks_like_token(credential))
+
+
 def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
-    """Whether a token with `claims` may call `method path`: its attempt's proxy paths, its events POST."""
+    """Whether a token with `claims` may call `method path`: its attempt's proxy paths, its events
+    POST, and a GET of its rollout's resources (how an agent reads the versions it was assigned)."""
     parts = path.split("/")
+    # GET /api/rollouts/{r}/resources
+    if len(parts) == 5 and parts[1] == "api" and parts[2] == "rollouts" and parts[4] == "resources":
+        return method in ("GET", "HEAD") and parts[3] == claims.rollout_id
     # /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/...
     if (
         len(parts) >= 11
@@ -89,11 +112,13 @@ def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
 
 
 class ServerKeyAuth:
-    """Let requests with the server key through; scope agent-token requests; 401 everything else.
+    """Let requests with the server key through; check scoped keys' roles; scope agent-token
+    requests; 401 everything else.
 
-    A token request out of its scope gets 403, one whose attempt was superseded (or whose rollout is
-    terminal) gets 409; in scope, its claims are left in `scope["keraunos.agent"]`. Only token
-    requests read the ledger (one rollout lookup); the server key path reads nothing.
+    A scoped key without the grant gets 403 naming the key, its role and the call. A token request
+    out of its scope gets 403, one whose attempt was superseded (or whose rollout is terminal) gets
+    409; in scope, its claims are left in `scope["keraunos.agent"]`. Only token requests read the
+    ledger (one rollout lookup); the server key path reads nothing and is checked first.
     """
 
     def __init__(
@@ -104,22 +129,31 @@ class ServerKeyAuth:
         public_paths: Iterable[str],
         token_secret: bytes,
         ledger: Ledger,
+        keys: KeyRing | None = None,
+        protected_labels: Iterable[str] = (),
     ) -> None:
-        if not key:
-            raise ValueError("ServerKeyAuth needs a non-empty key; leave the middleware out to disable auth")
+        if not key and keys is None:
+            raise ValueError(
+                "ServerKeyAuth needs a server key or scoped keys; leave the middleware out to disable auth"
+            )
         self.app = app
         self._key = key.encode()
         self._public = frozenset(public_paths)
         self._token_secret = token_secret
         self._ledger = ledger
+        self._keys = keys
+        self._protected = frozenset(protected_labels)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["path"] in self._public
-            or carries_key(scope["headers"], self._key)
-        ):
+        if scope["type"] != "http" or scope["path"] in self._public:
             await self.app(scope, receive, send)
+            return
+        if self._key and carries_key(scope["headers"], self._key):
+            scope[ACTOR_SCOPE_KEY] = SERVER_KEY_ACTOR
+            await self.app(scope, receive, send)
+            return
+        if self._keys is not None and (scoped := self._keys.find(presented_keys(scope["headers"]))):
+            await self._serve_scoped(scoped, scope, receive, send)
             return
         token = presented_token(scope["headers"])
         claims = verify(self._token_secret, token, time.time()) if token is not None else None
@@ -140,6 +174,18 @@ class ServerKeyAuth:
             await _answer(send, path, 409, f"attempt superseded: {superseded}", "attempt_superseded")
             return
         scope[AGENT_SCOPE_KEY] = claims
+        await self.app(scope, receive, send)
+
+    async def _serve_scoped(self, scoped: ScopedKey, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve a request of a scoped key if its role allows the call, else answer 403."""
+        method = scope["method"]
+        path = scope["path"]
+        label = label_of(path)
+        if not allows(scoped.role, method, path, label is not None and label in self._protected):
+            detail = f"key {scoped.name!r} (role {scoped.role}) may not {method} {path[:200]}"
+            await _answer(send, path, 403, detail, "not_permitted")
+            return
+        scope[ACTOR_SCOPE_KEY] = scoped.actor
         await self.app(scope, receive, send)
 
     async def _superseded(self, claims: TokenClaims) -> str | None:
@@ -163,6 +209,18 @@ class ServerKeyAuth:
             # rollout waits for its retry.
             return f"attempt {claims.attempt_id!r} of rollout {claims.rollout_id!r} has ended; this agent should stop"
         return None
+
+
+def actor_of(scope: Scope) -> str:
+    """Who is calling, as the audit log records it: `key:NAME`, `server-key`, `agent:R/A` for an
+    agent token, `anonymous` with auth off."""
+    actor = scope.get(ACTOR_SCOPE_KEY)
+    if actor is not None:
+        return actor
+    claims: TokenClaims | None = scope.get(AGENT_SCOPE_KEY)
+    if claims is not None:
+        return f"agent:{claims.rollout_id}/{claims.attempt_id}"
+    return ANONYMOUS_ACTOR
 
 
 async def _answer(send: Send, path: str, status: int, detail: str, code: str) -> None:

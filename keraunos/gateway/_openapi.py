@@ -21,6 +21,7 @@ from keraunos.protocol import (
     RolloutCreate,
     RolloutPatch,
 )
+from keraunos.resources import LabelMove, ResourcePush
 
 #: Models of request bodies that routes read themselves; `json_body_doc` refers to them by name.
 REQUEST_MODELS = (
@@ -31,6 +32,8 @@ REQUEST_MODELS = (
     ClaimRequest,
     HeartbeatRequest,
     FinishRequest,
+    ResourcePush,
+    LabelMove,
 )
 
 _ERROR_SCHEMA = {

@@ -24,10 +24,11 @@ import keraunos
 from keraunos.gateway._auth import ServerKeyAuth
 from keraunos.gateway._errors import error_body, is_proxy_path, openai_error
 from keraunos.gateway._fastlane import FastLane
+from keraunos.gateway._keys import KeyRing, load_keys
 from keraunos.gateway._limits import BodySizeLimit
 from keraunos.gateway._openapi import build_openapi
 from keraunos.gateway._tokens import token_secret
-from keraunos.gateway.api import attempts, events, info, models, rollouts, tokens
+from keraunos.gateway.api import attempts, audit, events, info, models, resources, rollouts, tokens
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
 from keraunos.gateway.proxy import CacheEvents, ProxyState, proxy_lifespan
@@ -39,19 +40,31 @@ from keraunos.ledger.errors import (
     AttemptNotFound,
     InvalidTransition,
     LedgerUnavailable,
+    ResourceConflict,
+    ResourceNotFound,
     RolloutNotFound,
 )
+from keraunos.resources import InvalidResource
 
 log = structlog.get_logger("keraunos.gateway")
 
 _HEALTHZ = b'{"status":"ok"}'
 
 
-def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination | None = None) -> FastAPI:
+def create_app(
+    config: GatewayConfig,
+    ledger: Ledger,
+    coordination: Coordination | None = None,
+    *,
+    keys: KeyRing | None = None,
+) -> FastAPI:
     """The gateway app serving docs/protocol.md's `/api` and `/proxy` over `ledger` (which the caller
     opens and closes). Its lifespan opens the proxy's HTTP client and drains proxy calls on shutdown.
     `coordination` shares pause/drain with other replicas of the ledger (default: this process only;
-    see `keraunos.gateway.replicas.coordination_for`)."""
+    see `keraunos.gateway.replicas.coordination_for`). `keys` are the scoped keys, read from
+    `config.keys_file` when not given (`ConfigError` for a bad file)."""
+    if keys is None and config.keys_file is not None:
+        keys = load_keys(config.keys_file, server_key=config.key)
     metrics = GatewayMetrics()  # this app's own registry, served at /metrics
     proxy = ProxyState(config, ledger, metrics, coordination)
 
@@ -86,6 +99,8 @@ def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination
         events.router,
         tokens.router,
         models.router,
+        resources.router,
+        audit.router,
     )
     for router in routers:
         app.include_router(router)
@@ -97,6 +112,9 @@ def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination
     app.add_exception_handler(AttemptNotFound, _not_found)
     app.add_exception_handler(AttemptConflict, _conflict)
     app.add_exception_handler(LedgerUnavailable, _unavailable)
+    app.add_exception_handler(ResourceNotFound, _not_found)
+    app.add_exception_handler(ResourceConflict, _conflict)
+    app.add_exception_handler(InvalidResource, _invalid_resource)
 
     public_paths = frozenset(
         path
@@ -114,13 +132,16 @@ def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination
     # then the lean routes are served without FastAPI's (costly) router.
     app.add_middleware(FastLane, routers=routers, exception_handlers=app.exception_handlers)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
-    if config.key:
+    auth = bool(config.key) or keys is not None
+    if auth:
         app.add_middleware(
             ServerKeyAuth,
             key=config.key,
             public_paths=public_paths,
             token_secret=app.state.token_secret,
             ledger=ledger,
+            keys=keys,
+            protected_labels=config.protected_labels,
         )
     else:
         log.warning(
@@ -129,7 +150,7 @@ def create_app(config: GatewayConfig, ledger: Ledger, coordination: Coordination
             host=config.host,
             port=config.port,
         )
-    app.openapi = partial(build_openapi, app, auth=bool(config.key), public_paths=public_paths)  # type: ignore[method-assign]
+    app.openapi = partial(build_openapi, app, auth=auth, public_paths=public_paths)  # type: ignore[method-assign]
     return app
 
 
@@ -157,6 +178,14 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 async def _conflict(request: Request, exc: Exception) -> Response:
     return _detail(request, 409, str(exc))
+
+
+async def _invalid_resource(request: Request, exc: Exception) -> Response:
+    """Resource content (or a resource request) the rules of `keraunos.resources` refuse: a 422 in
+    FastAPI's list shape, its message naming the resource and the field."""
+    assert isinstance(exc, InvalidResource)
+    error = {"type": "invalid_resource", "loc": ["body"], "msg": str(exc), "input": None}
+    return Response(_to_json({"detail": [error]}), status_code=422, media_type="application/json")
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:

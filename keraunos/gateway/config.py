@@ -6,12 +6,14 @@ file (`--config FILE.yaml`, a mapping with the same field names) > the default b
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from keraunos._settings import ConfigError, LayeredSettings
+from keraunos.protocol import Id
 
 __all__ = ["ConfigError", "GatewayConfig", "env_var"]
 
@@ -37,6 +39,18 @@ class GatewayConfig(LayeredSettings):
         default="",
         description="Secret that signs agent tokens (scoped to one attempt). Empty: derived from the "
         "server key, so replicas sharing a key agree and a restart keeps tokens valid.",
+    )
+    keys_file: Path | None = Field(
+        default=None,
+        description="YAML file of scoped keys, 'keys: [{name: trainer-1, role: trainer, key_sha256: "
+        "<hex sha256 of the key>}, ...]', roles reader, controller, trainer, approver, admin "
+        "('key: <plaintext>' is accepted instead of key_sha256, less safely). The server key stays "
+        "admin. docs/protocol.md#scoped-keys",
+    )
+    protected_labels: Annotated[list[Id], NoDecode] = Field(
+        default=["production"],
+        description="Labels only an approver or admin key may move (comma-separated); a trainer "
+        "key may move every other label.",
     )
     db: str = Field(
         default="keraunos.db",
@@ -228,6 +242,22 @@ class GatewayConfig(LayeredSettings):
                 "would be counted dead between heartbeats"
             )
         return self
+
+    @model_validator(mode="after")
+    def _scoped_keys_need_a_token_secret(self) -> GatewayConfig:
+        if self.keys_file is not None and not self.key and not self.token_secret:
+            raise ValueError(
+                "keys_file without a server key needs token_secret: agent tokens are signed with a "
+                "secret derived from the server key, and an empty one is known to everyone"
+            )
+        return self
+
+    @field_validator("protected_labels", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [label.strip() for label in value.split(",") if label.strip()]
+        return value
 
     @field_validator("durability", "log_level", mode="before")
     @classmethod

@@ -102,6 +102,15 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/logs": {"get", "put"},
         "/api/rollouts/{rollout_id}/events": {"get"},
         "/api/models": {"get", "post", "delete"},
+        "/api/resources": {"get"},
+        "/api/resources/{name}": {"post"},
+        "/api/resources/{name}/versions": {"get"},
+        "/api/resources/{name}/versions/{selector}": {"get"},
+        "/api/resources/{name}/diff": {"get"},
+        "/api/resources/{name}/labels": {"get"},
+        "/api/resources/{name}/labels/{label}": {"put"},
+        "/api/rollouts/{rollout_id}/resources": {"get"},
+        "/api/audit": {"get"},
     }
     assert {path: set(ops) for path, ops in paths.items()} == expected
     schemas = doc["components"]["schemas"]
@@ -110,6 +119,8 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         ("/api/rollouts/{rollout_id}", "patch", "RolloutPatch"),
         ("/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", "post", "EventCreate"),
         ("/api/models", "post", "Model"),
+        ("/api/resources/{name}", "post", "ResourcePush"),
+        ("/api/resources/{name}/labels/{label}", "put", "LabelMove"),
     ]:
         body = paths[path][method]["requestBody"]["content"]["application/json"]["schema"]
         assert model in str(body)

@@ -29,6 +29,9 @@ FEATURES: tuple[str, ...] = (
     "metrics",  # GET /metrics in the Prometheus text format
     "attempts",  # claim / heartbeat / finish, leases, retries, attempt_details
     "attempt-logs",  # PUT / GET /api/rollouts/{id}/attempt/{a}/logs
+    "resources",  # /api/resources: versions, labels; POST /api/rollouts items' resources
+    "audit",  # GET /api/audit: the hash-chained audit log
+    "scoped-keys",  # --keys-file: named keys with roles (reader, controller, trainer, approver, admin)
 )
 
 

@@ -6,6 +6,7 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter
 
 from keraunos.gateway.api._common import (
@@ -18,7 +19,7 @@ from keraunos.gateway.api._common import (
     ledger_of,
     read_body,
 )
-from keraunos.ledger.errors import RolloutNotFound
+from keraunos.ledger.errors import ResourceNotFound, RolloutNotFound
 from keraunos.protocol import (
     Rollout,
     RolloutCreate,
@@ -54,10 +55,42 @@ _MAX_POSITION = 2**62
     openapi_extra=json_body_doc("RolloutCreate", many=True),
 )
 async def create_rollouts(request: Request) -> Response:
-    """Create each item in order. An item whose `rollout_id` exists yields that rollout unchanged."""
+    """Create each item in order. An item whose `rollout_id` exists yields that rollout unchanged.
+
+    An item's `resources` that name no resource, version or label are a 422 naming the item and
+    the resource, and none of the items is created.
+    """
     items = await read_body(request, _CREATE_BODY)
-    rollouts = await ledger_of(request).create_rollouts(items, time.time())
+    try:
+        rollouts = await ledger_of(request).create_rollouts(items, time.time())
+    except ResourceNotFound as exc:
+        raise RequestValidationError([_unresolved(items, exc)]) from None
     return json_response(dump_models(_ROLLOUTS, rollouts), 201)
+
+
+def _unresolved(items: list[RolloutCreate], exc: ResourceNotFound) -> dict[str, object]:
+    """The 422 error item for a resource selector the ledger could not resolve, located at the
+    first item asking for what is missing (the resource, or its `version N` / `label 'L'`)."""
+    asking = [
+        (index, item.resources[exc.name])
+        for index, item in enumerate(items)
+        if item.resources and exc.name in item.resources
+    ]
+    if not asking:
+        return {"type": "resource_not_found", "loc": ("body",), "msg": str(exc), "input": None}
+
+    def names_the_missing(selector: object) -> bool:
+        return exc.what is None or exc.what == (
+            f"version {selector}" if isinstance(selector, int) else f"label {selector!r}"
+        )
+
+    index, selector = next(((i, s) for i, s in asking if names_the_missing(s)), asking[0])
+    return {
+        "type": "resource_not_found",
+        "loc": ("body", index, "resources", exc.name),
+        "msg": f"cannot assign {exc.name!r} at {selector!r}: {exc}",
+        "input": selector,
+    }
 
 
 @router.get(

@@ -23,7 +23,10 @@ _TOKEN = TypeAdapter(AgentToken)
     response_model=None,
     responses={
         200: {"model": AgentToken, "description": "The token and when it expires (unix seconds)."},
-        403: {"description": "Called with an agent token: only the server key mints tokens."},
+        403: {
+            "description": "Called with an agent token, or a scoped key whose role may not mint tokens: "
+            "the server key and controller, trainer and admin keys do."
+        },
     },
 )
 async def mint_token(request: Request, rollout_id: RolloutIdPath, attempt_id: AttemptIdPath) -> Response:
