@@ -26,6 +26,7 @@ from keraunos.protocol import (
     RolloutStatusPatch,
     TerminalPage,
 )
+from keraunos.release.plan import Step
 from keraunos.resources import Label, ResourceKind, ResourceSummary, ResourceVersion
 
 #: A wire event (`keraunos.protocol.Event` shape) as a plain dict, for speed on large reads.
@@ -75,10 +76,34 @@ class NewVersion:
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """A resource version recorded on a rollout, and the selector it was resolved from."""
+    """A resource version recorded on a rollout, and the selector it was resolved from; for a
+    rollout of a release (assigned by its canary split, or one of its replay rollouts), the
+    release, the arm, the share it was under (None for replay) and the replay index (None for the
+    canary), and whether the release excluded it from training (its candidate was rolled back)."""
 
     version: ResourceVersion
     selector: str
+    release_id: str | None = None
+    arm: str | None = None
+    share: float | None = None
+    replay_index: int | None = None
+    excluded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NewRelease:
+    """A release to start: its id, the label it moves, the candidate, the plan (`ReleasePlan` as
+    JSON), who starts it, its first step (`keraunos.release.plan.first_step`), and the stored
+    inputs its paired replay re-runs (empty without a replay)."""
+
+    release_id: str
+    resource: str
+    label: str
+    candidate: int
+    plan: dict[str, Any]
+    actor: str
+    first: Step
+    replay_items: Sequence[RolloutCreate] = ()
 
 
 @dataclass(frozen=True, slots=True)
