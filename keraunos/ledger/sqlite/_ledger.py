@@ -55,6 +55,7 @@ from keraunos.ledger.base import (
     Claim,
     EventDict,
     Ledger,
+    NewRelease,
     NewVersion,
 )
 from keraunos.ledger.codec import encode_json, encode_model_request
@@ -68,6 +69,7 @@ from keraunos.ledger.errors import (
     RolloutNotFound,
 )
 from keraunos.ledger.sqlite import _attempts as attempts
+from keraunos.ledger.sqlite import _releases as releases
 from keraunos.ledger.sqlite import _resources as registry
 from keraunos.ledger.sqlite._checkpoint import WRITER_CHECKPOINT_PAGES, Checkpointer
 from keraunos.ledger.sqlite._compaction import Compactor, WireRow
@@ -88,6 +90,7 @@ from keraunos.protocol import (
     TerminalItem,
     TerminalPage,
 )
+from keraunos.release.plan import Observation, Release, Step
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
 Durability = Literal["normal", "full"]
@@ -715,6 +718,50 @@ class SqliteLedger(Ledger):
 
     async def audit_head(self) -> AuditHead:
         return registry.head(self._inline_conn())
+
+    # -- releases (SQL in _releases.py) ---------------------------------------------------------
+
+    async def create_release(self, new: NewRelease, now: float) -> Release:
+        return await self._write(lambda conn: releases.create(conn, new, now))
+
+    async def get_release(self, release_id: str) -> Release | None:
+        return releases.get(self._inline_conn(), release_id)
+
+    async def list_releases(self, *, active: bool) -> list[Release]:
+        return await self._read(lambda conn: releases.listed(conn, active))
+
+    async def claim_releases(self, runner: str, lease_seconds: float, now: float) -> list[Release]:
+        return await self._write(lambda conn: releases.claim(conn, runner, lease_seconds, now))
+
+    async def apply_release_step(
+        self,
+        release_id: str,
+        step: Step,
+        *,
+        expected_step: int,
+        actor: str,
+        runner: str | None,
+        evidence: dict[str, float] | None,
+        now: float,
+    ) -> Release:
+        def op(conn: sqlite3.Connection) -> Release:
+            return releases.apply_step(
+                conn,
+                release_id,
+                step,
+                expected_step=expected_step,
+                actor=actor,
+                runner=runner,
+                evidence=evidence,
+                now=now,
+            )
+
+        return await self._write(op)
+
+    async def release_observations(
+        self, release_id: str, phase: Literal["replay", "canary"], after: int, limit: int
+    ) -> list[Observation]:
+        return await self._read(lambda conn: releases.observations(conn, release_id, phase, after, limit))
 
 
 # -- operations (run inside a write batch's transaction) -------------------------------------------

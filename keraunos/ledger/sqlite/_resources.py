@@ -19,6 +19,7 @@ import orjson
 from keraunos.audit import GENESIS, AuditDraft, AuditEntry, chain
 from keraunos.ledger.base import Assignment, AuditHead, NewVersion
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound, RolloutNotFound
+from keraunos.ledger.sqlite import _releases as releases
 from keraunos.protocol import ResourceSelector
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
@@ -49,15 +50,16 @@ _SELECT_SUMMARIES = (
 # A rollout's row joined with its assignments (none: one row of NULLs, telling "no assignments"
 # from "no rollout" in the same statement).
 _SELECT_ASSIGNMENTS = (
-    f"SELECT {_VERSION_COLUMNS}, a.selector FROM rollouts ro "
+    f"SELECT {_VERSION_COLUMNS}, a.selector, a.release_id, a.arm, a.share, a.replay_index, a.excluded "
+    "FROM rollouts ro "
     "LEFT JOIN rollout_resources a ON a.rollout = ro.id "
     "LEFT JOIN resources r ON r.id = a.resource "
     "LEFT JOIN resource_versions v ON v.resource = a.resource AND v.version = a.version "
     "WHERE ro.rollout_id = ? ORDER BY r.name"
 )
 _INSERT_ASSIGNMENT = (
-    "INSERT INTO rollout_resources (rollout, resource, version, selector) "
-    "SELECT id, ?, ?, ? FROM rollouts WHERE rollout_id = ?"
+    "INSERT INTO rollout_resources (rollout, resource, version, selector, release_id, arm, share) "
+    "SELECT id, ?, ?, ?, ?, ?, ? FROM rollouts WHERE rollout_id = ?"
 )
 _AUDIT_COLUMNS = "seq, at, actor, action, subject, before, after, evidence, reason, prev_hash, hash"
 # A counter row deleted from the file reads as 0: the entries stored then fail the count check.
@@ -180,8 +182,7 @@ def move_label(
         raise ResourceConflict(name, _cas_refusal(label, pointed, expected))
     if current is not None and pointed == version:
         return Label(name=name, label=label, version=version, updated_at=current[1], updated_by=current[2])
-    conn.execute(_UPSERT_LABEL, (resource, label, version, now, actor))
-    conn.execute("UPDATE resources SET updated_at = ? WHERE id = ?", (now, resource))
+    set_label(conn, resource, label, version, actor, now)
     draft = AuditDraft(
         actor=actor,
         action="label.move",
@@ -193,6 +194,14 @@ def move_label(
     )
     append(conn, draft, now)
     return Label(name=name, label=label, version=version, updated_at=now, updated_by=actor)
+
+
+def set_label(
+    conn: sqlite3.Connection, resource: int, label: str, version: int, actor: str, now: float
+) -> None:
+    """Point `label` of resource row `resource` at `version`; the caller appends the audit entry."""
+    conn.execute(_UPSERT_LABEL, (resource, label, version, now, actor))
+    conn.execute("UPDATE resources SET updated_at = ? WHERE id = ?", (now, resource))
 
 
 def _cas_refusal(label: str, pointed: int | None, expected: int) -> str:
@@ -209,17 +218,27 @@ def assign(conn: sqlite3.Connection, wanted: Sequence[tuple[str, dict[str, Resou
     undoes the whole create).
 
     Every rollout of one call sees the same labels (one transaction), so each `(name, selector)`
-    is resolved once per call.
+    is resolved once per call. A label held by a release in a canary stage gives each rollout the
+    version of its arm (`keraunos.release.split.arm_of` of the rollout's final id), recorded with
+    the release, the arm and the share.
     """
-    resolved: dict[tuple[str, ResourceSelector], tuple[int, int]] = {}
-    rows: list[tuple[int, int, str, str]] = []
+    resolved: dict[tuple[str, ResourceSelector], tuple[int, int, releases.Canary | None]] = {}
+    rows: list[tuple[int, int, str, str | None, str | None, float | None, str]] = []
     for rollout_id, resources in wanted:
         for name, selector in resources.items():
             key = (name, selector)
             if key not in resolved:
-                resolved[key] = _resolve(conn, name, selector)
-            resource, version = resolved[key]
-            rows.append((resource, version, str(selector), rollout_id))
+                resource, version = _resolve(conn, name, selector)
+                canary = None if isinstance(selector, int) else releases.canary(conn, resource, selector)
+                resolved[key] = (resource, version, canary)
+            resource, version, canary = resolved[key]
+            if canary is None:
+                rows.append((resource, version, str(selector), None, None, None, rollout_id))
+            else:
+                arm, armed = canary.assign(rollout_id)
+                rows.append(
+                    (resource, armed, str(selector), canary.release_id, arm, canary.share, rollout_id)
+                )
     conn.executemany(_INSERT_ASSIGNMENT, rows)
 
 
@@ -307,7 +326,17 @@ def assignments(conn: sqlite3.Connection, rollout_id: str) -> dict[str, Assignme
     if not rows:
         raise RolloutNotFound(rollout_id)
     return {
-        row[0]: Assignment(version=_version(row[:-1]), selector=row[-1]) for row in rows if row[0] is not None
+        row[0]: Assignment(
+            version=_version(row[:9]),
+            selector=row[9],
+            release_id=row[10],
+            arm=row[11],
+            share=row[12],
+            replay_index=row[13],
+            excluded=bool(row[14]),
+        )
+        for row in rows
+        if row[0] is not None
     }
 
 

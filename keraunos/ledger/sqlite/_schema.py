@@ -188,6 +188,50 @@ MIGRATIONS: tuple[str, ...] = (
         UPDATE counters SET value = value + 1 WHERE name = 'audit_entries';
     END;
     """,
+    # 6: releases (a label moving from a baseline to a candidate, docs/release.md) and what their
+    # rollouts were assigned by them (docs/ledger.md#releases).
+    """
+    CREATE TABLE releases (
+        id               INTEGER PRIMARY KEY,     -- creation order
+        release_id       TEXT NOT NULL UNIQUE,
+        resource         INTEGER NOT NULL REFERENCES resources (id),
+        label            TEXT NOT NULL,
+        baseline         INTEGER NOT NULL,
+        candidate        INTEGER NOT NULL,
+        plan             TEXT NOT NULL,           -- keraunos.release.plan.ReleasePlan as JSON
+        state            TEXT NOT NULL,           -- keraunos.release.plan.ReleaseState
+        stage            INTEGER NOT NULL,        -- 0-based canary stage, -1 before the canary
+        waiting_for      TEXT,                    -- 'stage:N' or 'promotion' while awaiting approval
+        step             INTEGER NOT NULL,        -- steps applied: the compare-and-set of a step
+        share            REAL,                    -- the candidate's share of new rollouts, or NULL
+        reason           TEXT NOT NULL,
+        evidence         TEXT,                    -- JSON object of the last step, or NULL
+        created_at       REAL NOT NULL,
+        updated_at       REAL NOT NULL,
+        created_by       TEXT NOT NULL,
+        runner           TEXT,                    -- who holds the lease
+        lease_expires_at REAL,
+        FOREIGN KEY (resource, baseline) REFERENCES resource_versions (resource, version),
+        FOREIGN KEY (resource, candidate) REFERENCES resource_versions (resource, version)
+    );
+    -- At most one release of a label is not final; a rollout created with the label finds it here.
+    CREATE UNIQUE INDEX releases_active_by_label ON releases (resource, label)
+        WHERE state NOT IN ('promoted', 'rolled_back', 'aborted');
+
+    -- A rollout assigned by a release: the release, the arm, the share of the canary stage (NULL
+    -- for replay), the replay index (NULL for the canary), and whether a rollback excluded it.
+    ALTER TABLE rollout_resources ADD COLUMN release_id TEXT REFERENCES releases (release_id);
+    ALTER TABLE rollout_resources ADD COLUMN arm TEXT;
+    ALTER TABLE rollout_resources ADD COLUMN share REAL;
+    ALTER TABLE rollout_resources ADD COLUMN replay_index INTEGER;
+    ALTER TABLE rollout_resources ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0;
+    -- The observation reads: canary rollouts in creation order (the rollout's key), replay
+    -- rollouts by index, candidate first.
+    CREATE INDEX rollout_resources_canary ON rollout_resources (release_id, rollout)
+        WHERE release_id IS NOT NULL AND replay_index IS NULL;
+    CREATE INDEX rollout_resources_replay ON rollout_resources (release_id, replay_index, arm)
+        WHERE replay_index IS NOT NULL;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
