@@ -57,6 +57,18 @@ COMMANDS: tuple[Command, ...] = (
         "Prepare a tiny model, warm-start it on the calc agent's format, train it with GRPO, show the gain.",
     ),
     Command(
+        "resource",
+        "keraunos.release.registry_cli:resource_app",
+        "Push, list, show, diff and label versioned resources (see keraunos resource --help).",
+        "Versioned resources on a gateway: push new versions, list, show history, diff, move labels.",
+    ),
+    Command(
+        "audit",
+        "keraunos.release.registry_cli:audit_app",
+        "List the audit log and verify its hash chain (see keraunos audit --help).",
+        "The gateway's hash-chained audit log: list its entries, verify the chain against a head hash.",
+    ),
+    Command(
         "engine-mock",
         "keraunos.testing._engine_cli:engine_mock_app",
         "A vLLM-compatible model server stand-in, for testing an agent without a GPU "

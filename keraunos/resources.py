@@ -185,8 +185,11 @@ def diff_versions(old: ResourceVersion, new: ResourceVersion) -> str:
             text = orjson.dumps(version.content, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2).decode()
         return text.splitlines(keepends=True)
 
+    # A last line without its newline is marked as diff and patch mark it, or it would run into the
+    # next line of the output ("-old+new").
     return "".join(
-        difflib.unified_diff(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+        for line in difflib.unified_diff(
             lines(old),
             lines(new),
             fromfile=f"{old.name}@{old.version}",
