@@ -229,7 +229,7 @@ MIGRATIONS: tuple[str, ...] = (
     -- rollouts by index, candidate first.
     CREATE INDEX rollout_resources_canary ON rollout_resources (release_id, rollout)
         WHERE release_id IS NOT NULL AND replay_index IS NULL;
-    CREATE INDEX rollout_resources_replay ON rollout_resources (release_id, replay_index, arm)
+    CREATE INDEX rollout_resources_replay ON rollout_resources (release_id, replay_index, arm DESC)
         WHERE replay_index IS NOT NULL;
     """,
 )
