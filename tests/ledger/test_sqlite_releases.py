@@ -6,6 +6,8 @@ through their indexes."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,14 @@ async def two_versions_and_a_label(ledger: SqliteLedger) -> None:
     )
 
 
+@asynccontextmanager
+async def opened(path: Path) -> AsyncIterator[SqliteLedger]:
+    """The ledger at `path`, typed as itself (its release methods are not in `Ledger` yet)."""
+    ledger = SqliteLedger(path)
+    async with ledger:
+        yield ledger
+
+
 def tamper(path: Path, sql: str) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute(sql)
@@ -66,7 +76,7 @@ def tamper(path: Path, sql: str) -> None:
 
 async def test_a_step_whose_audit_entry_cannot_be_stored_changes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "ledger.db"
-    async with SqliteLedger(path) as ledger:
+    async with opened(path) as ledger:
         await two_versions_and_a_label(ledger)
         started = await ledger.create_release(release(), 4.0)
         await ledger.create_rollouts(
@@ -79,7 +89,7 @@ async def test_a_step_whose_audit_entry_cannot_be_stored_changes_nothing(tmp_pat
     # A counter behind the stored entries: the step's entry takes a number that exists already.
     tamper(path, "UPDATE counters SET value = 1 WHERE name = 'audit_entries'")
 
-    async with SqliteLedger(path) as ledger:
+    async with opened(path) as ledger:
         rollback = command_step(PLAN, started.status, "rollback")
         with pytest.raises(LedgerError):
             await ledger.apply_release_step(
@@ -114,7 +124,7 @@ async def test_a_ledger_from_before_releases_is_migrated_and_keeps_its_assignmen
     conn.execute("INSERT INTO rollout_resources VALUES (1, 1, 1, 'production')")
     conn.close()
 
-    async with SqliteLedger(path) as ledger:
+    async with opened(path) as ledger:
         old = (await ledger.rollout_resources("old"))["system"]
         assert (old.version.version, old.selector) == (1, "production")
         assert (old.release_id, old.arm, old.share, old.replay_index, old.excluded) == (
