@@ -69,6 +69,14 @@ COMMANDS: tuple[Command, ...] = (
         "The gateway's hash-chained audit log: list its entries, verify the chain against a head hash.",
     ),
     Command(
+        "release",
+        "keraunos.release.release_cli:release_app",
+        "Start, watch, approve, abort and roll back releases; run the release runner "
+        "(see keraunos release --help).",
+        "Releases of a resource's label: paired replay and canary stages decided by anytime-valid "
+        "statistics, automatic rollback, the runner that drives them.",
+    ),
+    Command(
         "engine-mock",
         "keraunos.testing._engine_cli:engine_mock_app",
         "A vLLM-compatible model server stand-in, for testing an agent without a GPU "
