@@ -16,10 +16,10 @@ from keraunos.ledger import SqliteLedger
 from keraunos.ledger.base import NewRelease, NewVersion
 from keraunos.ledger.codec import encode_json
 from keraunos.ledger.errors import LedgerError
-from keraunos.ledger.sqlite._releases import _SELECT_CANARY, _SELECT_REPLAY
+from keraunos.ledger.sqlite._releases import _ACTIVE, _SELECT_CANARY, _SELECT_CANARY_OF_LABEL, _SELECT_REPLAY
 from keraunos.ledger.sqlite._schema import LATEST_VERSION, MIGRATIONS
 from keraunos.protocol import RolloutConfig, RolloutCreate
-from keraunos.release.plan import ReleasePlan, command_step, first_step
+from keraunos.release.plan import FINAL_STATES, ReleasePlan, command_step, first_step
 from keraunos.resources import content_hash
 
 pytestmark = pytest.mark.anyio
@@ -140,19 +140,27 @@ async def test_a_ledger_from_before_releases_is_migrated_and_keeps_its_assignmen
 
 
 @pytest.mark.parametrize(
-    ("sql", "index"),
-    [(_SELECT_CANARY, "rollout_resources_canary"), (_SELECT_REPLAY, "rollout_resources_replay")],
+    ("sql", "params", "index"),
+    [
+        (_SELECT_CANARY, ("rel-1", 10, 0), "rollout_resources_canary"),
+        (_SELECT_REPLAY, ("rel-1", 10, 0), "rollout_resources_replay"),
+        (_SELECT_CANARY_OF_LABEL, (1, "production"), "releases_active_by_label"),
+    ],
 )
-async def test_an_observation_page_is_read_through_its_phases_index(
-    tmp_path: Path, sql: str, index: str
+async def test_observation_pages_and_a_creates_canary_lookup_read_through_their_indexes(
+    tmp_path: Path, sql: str, params: tuple[object, ...], index: str
 ) -> None:
     path = tmp_path / "ledger.db"
     async with SqliteLedger(path):
         pass
     with sqlite3.connect(path) as raw:
-        plan = " ".join(row[-1] for row in raw.execute(f"EXPLAIN QUERY PLAN {sql}", ("rel-1", 10, 0)))
+        plan = " ".join(row[-1] for row in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params))
 
     assert index in plan
     assert (
         "FOR ORDER BY" not in plan and "PART OF ORDER BY" not in plan
     )  # no sort of the release's whole phase for one page
+
+
+def test_the_active_release_filter_names_every_final_state() -> None:
+    assert {f"'{state}'" for state in FINAL_STATES} <= set(_ACTIVE.split("(")[1].rstrip(")").split(", "))

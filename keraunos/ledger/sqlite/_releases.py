@@ -26,12 +26,13 @@ from keraunos.ledger.base import NewRelease
 from keraunos.ledger.codec import decode_json
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
 from keraunos.ledger.sqlite import _resources as registry
-from keraunos.release.plan import FINAL_STATES, Observation, Release, Step
+from keraunos.release.plan import Observation, Release, Step
 from keraunos.release.split import arm_of
 from keraunos.release.stats import Arm
 
-_FINAL = ", ".join(f"'{state}'" for state in sorted(FINAL_STATES))
-_ACTIVE = f"state NOT IN ({_FINAL})"
+# Word for word the WHERE of the partial index `releases_active_by_label` (step 6 of the schema):
+# SQLite uses a partial index only for a query whose terms match its own.
+_ACTIVE = "state NOT IN ('promoted', 'rolled_back', 'aborted')"
 
 _RELEASE_COLUMNS = (
     "x.release_id, r.name, x.label, x.baseline, x.candidate, x.plan, x.state, x.stage, "
@@ -98,14 +99,16 @@ class Canary:
         return arm, self.candidate if arm == "candidate" else self.baseline
 
 
+_SELECT_CANARY_OF_LABEL = (
+    "SELECT release_id, baseline, candidate, share FROM releases "
+    f"WHERE resource = ? AND label = ? AND {_ACTIVE} AND share IS NOT NULL"
+)
+
+
 def canary(conn: sqlite3.Connection, resource: int, label: str) -> Canary | None:
     """The active release of `label` of resource row `resource`, when it is in a canary stage
     (its share set); None when new rollouts simply get the label's version."""
-    row = conn.execute(
-        f"SELECT release_id, baseline, candidate, share FROM releases "
-        f"WHERE resource = ? AND label = ? AND {_ACTIVE} AND share IS NOT NULL",
-        (resource, label),
-    ).fetchone()
+    row = conn.execute(_SELECT_CANARY_OF_LABEL, (resource, label)).fetchone()
     return None if row is None else Canary(*row)
 
 
