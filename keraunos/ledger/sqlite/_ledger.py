@@ -17,9 +17,9 @@ in batches (`_compaction.py`): encoding is the costliest part of recording a cal
 takes it off the agent's path whenever the gateway has time to spare.
 
 One idea over 600 lines: the `SqliteLedger` class, every method of the `Ledger` contract on one
-file, each a short hand-off of SQL (`_events.py`, `_attempts.py`, `_resources.py`) to the writer
-or a reader; splitting the class would scatter one object's lifecycle (open, the writer, the
-readers, close).
+file, each a short hand-off of SQL (`_events.py`, `_attempts.py`, `_resources.py`, `_releases.py`)
+to the writer or a reader; splitting the class would scatter one object's lifecycle (open, the
+writer, the readers, close).
 """
 
 from __future__ import annotations
