@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -51,6 +51,7 @@ from keraunos.ledger.base import (
     Claim,
     EventDict,
     Ledger,
+    NewRelease,
     NewVersion,
 )
 from keraunos.ledger.codec import encode_json
@@ -62,6 +63,7 @@ from keraunos.ledger.errors import (
     RolloutNotFound,
 )
 from keraunos.ledger.postgres import _attempts as attempts
+from keraunos.ledger.postgres import _releases as releases
 from keraunos.ledger.postgres import _resources as registry
 from keraunos.ledger.postgres._events import ChainCache, append_call
 from keraunos.ledger.postgres._pool import Pool, PoolSettings, row_count
@@ -79,6 +81,7 @@ from keraunos.protocol import (
     TerminalItem,
     TerminalPage,
 )
+from keraunos.release.plan import Observation, Release, Step
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
 _SELECT_ROLLOUT = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1"
@@ -532,6 +535,50 @@ class PostgresLedger(Ledger):
 
     async def audit_head(self) -> AuditHead:
         return await self._pool.run(registry.head)
+
+    # -- releases (the SQL and its locks: _releases.py) -----------------------------------------
+
+    async def create_release(self, new: NewRelease, now: float) -> Release:
+        return await self._pool.transaction(lambda conn: releases.create(conn, new, now))
+
+    async def get_release(self, release_id: str) -> Release | None:
+        return await self._pool.run(lambda conn: releases.get(conn, release_id))
+
+    async def list_releases(self, *, active: bool) -> list[Release]:
+        return await self._pool.run(lambda conn: releases.listed(conn, active))
+
+    async def claim_releases(self, runner: str, lease_seconds: float, now: float) -> list[Release]:
+        return await self._pool.transaction(lambda conn: releases.claim(conn, runner, lease_seconds, now))
+
+    async def apply_release_step(
+        self,
+        release_id: str,
+        step: Step,
+        *,
+        expected_step: int,
+        actor: str,
+        runner: str | None,
+        evidence: dict[str, float] | None,
+        now: float,
+    ) -> Release:
+        return await self._pool.transaction(
+            lambda conn: releases.apply_step(
+                conn,
+                release_id,
+                step,
+                expected_step=expected_step,
+                actor=actor,
+                runner=runner,
+                evidence=evidence,
+                now=now,
+            )
+        )
+
+    async def release_observations(
+        self, release_id: str, phase: Literal["replay", "canary"], after: int, limit: int
+    ) -> list[Observation]:
+        # One statement per page (the existence check aside): the rows agree with one snapshot.
+        return await self._pool.run(lambda conn: releases.observations(conn, release_id, phase, after, limit))
 
 
 @functools.cache

@@ -12,12 +12,14 @@ may write at once, so each write locks what it decides on before it reads it:
 - a rollout created with a label reads the label `FOR SHARE`, so a label move waits for rollouts
   being created with the old version and every rollout created after the move has the new one.
 
-Locks are taken in one order (resource row, label row, counter row; a rollout's create takes label
-rows only, and shared), so no two writers wait for each other in a circle.
+Locks are taken in one order (release row, resource row, label row, counter row; a rollout's
+create takes the release rows of the canaries it is assigned by, then label rows, shared; see
+`_releases.py`), so no two writers wait for each other in a circle.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +29,7 @@ import orjson
 from keraunos.audit import GENESIS, AuditDraft, AuditEntry, chain
 from keraunos.ledger.base import Assignment, AuditHead, NewVersion
 from keraunos.ledger.errors import LedgerError, ResourceConflict, ResourceNotFound
+from keraunos.ledger.postgres import _releases as releases
 from keraunos.ledger.postgres._pool import fetch_int
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
@@ -77,14 +80,17 @@ JOIN resources r ON r.name = s.name
 JOIN resource_versions v ON v.resource = r.id AND v.version = s.version
 """
 _INSERT_ASSIGNMENTS = """
-INSERT INTO rollout_resources (rollout, resource, version, selector)
-SELECT ro.id, s.resource, s.version, s.selector
-FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[]) AS s (rollout_id, resource, version, selector)
+INSERT INTO rollout_resources (rollout, resource, version, selector, release_id, arm, share, position)
+SELECT ro.id, s.resource, s.version, s.selector, s.release_id, s.arm, s.share, s.position
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[],
+            $7::double precision[], $8::bigint[])
+     AS s (rollout_id, resource, version, selector, release_id, arm, share, position)
 JOIN rollouts ro ON ro.rollout_id = s.rollout_id
 """
 # One row with nulls for a rollout without resources, none for an unknown rollout.
 _SELECT_ASSIGNMENTS = f"""
-SELECT rr.selector, r.name, r.kind, {_VERSION_COLUMNS}
+SELECT rr.selector, r.name, r.kind, {_VERSION_COLUMNS},
+       rr.release_id, rr.arm, rr.share, rr.replay_index, rr.excluded
 FROM rollouts ro
 LEFT JOIN rollout_resources rr ON rr.rollout = ro.id
 LEFT JOIN resources r ON r.id = rr.resource
@@ -230,17 +236,7 @@ async def move_label(
         raise ResourceConflict(name, _cas_refusal(label, current, expected))
     if found is not None and current == version:  # already there: nothing to record
         return Label(name=name, label=label, version=version, updated_at=found[1], updated_by=found[2])
-    await conn.execute(
-        "INSERT INTO labels (resource, label, version, updated_at, updated_by) VALUES ($1, $2, $3, $4, $5) "
-        "ON CONFLICT (resource, label) DO UPDATE SET version = excluded.version, "
-        "updated_at = excluded.updated_at, updated_by = excluded.updated_by",
-        resource,
-        label,
-        version,
-        now,
-        actor,
-    )
-    await conn.execute("UPDATE resources SET updated_at = $2 WHERE id = $1", resource, now)
+    await set_label(conn, resource, label, version, actor, now)
     draft = AuditDraft(
         actor=actor,
         action="label.move",
@@ -252,6 +248,24 @@ async def move_label(
     )
     await append(conn, draft, now)
     return Label(name=name, label=label, version=version, updated_at=now, updated_by=actor)
+
+
+async def set_label(
+    conn: asyncpg.Connection, resource: int, label: str, version: int, actor: str, now: float
+) -> None:
+    """Point `label` of resource row `resource` (locked by the caller) at `version`; the caller
+    appends the audit entry."""
+    await conn.execute(
+        "INSERT INTO labels (resource, label, version, updated_at, updated_by) VALUES ($1, $2, $3, $4, $5) "
+        "ON CONFLICT (resource, label) DO UPDATE SET version = excluded.version, "
+        "updated_at = excluded.updated_at, updated_by = excluded.updated_by",
+        resource,
+        label,
+        version,
+        now,
+        actor,
+    )
+    await conn.execute("UPDATE resources SET updated_at = $2 WHERE id = $1", resource, now)
 
 
 def _cas_refusal(label: str, pointed: int | None, expected: int) -> str:
@@ -270,7 +284,11 @@ async def assign(conn: asyncpg.Connection, asked: Mapping[str, Mapping[str, Sele
     `ResourceNotFound` for the first selector, in the items' order, that means nothing (the
     caller's transaction then undoes the whole create).
 
-    Every rollout of one call sees the same labels, so each (name, selector) is resolved once.
+    Every rollout of one call sees the same labels, so each (name, selector) is resolved once. A
+    label held by a release in a canary stage gives each rollout the version of its arm
+    (`keraunos.release.split.arm_of` of the rollout's final id), recorded with the release, the
+    arm, the share and the rollout's canary position; that release's row is locked before the
+    label rows (`_releases.take_canaries`).
     """
     wanted = list(
         dict.fromkeys((name, sel) for selectors in asked.values() for name, sel in selectors.items())
@@ -280,6 +298,10 @@ async def assign(conn: asyncpg.Connection, asked: Mapping[str, Mapping[str, Sele
     by_label = [(name, sel) for name, sel in wanted if isinstance(sel, str)]
     by_number = [(name, sel) for name, sel in wanted if isinstance(sel, int)]
     found: dict[tuple[str, Selector], tuple[int, int]] = {}
+    asking = Counter(
+        (name, sel) for sels in asked.values() for name, sel in sels.items() if isinstance(sel, str)
+    )
+    canaries = await releases.take_canaries(conn, {(name, str(sel)): n for (name, sel), n in asking.items()})
     if by_label:
         rows = await conn.fetch(_LOCK_ASKED_LABELS, [n for n, _ in by_label], [s for _, s in by_label])
         found |= {by_label[ord_ - 1]: (resource, version) for ord_, resource, version in rows}
@@ -289,12 +311,20 @@ async def assign(conn: asyncpg.Connection, asked: Mapping[str, Mapping[str, Sele
     for name, sel in wanted:
         if (name, sel) not in found:
             raise await _not_found(conn, name, f"label {sel!r}" if isinstance(sel, str) else f"version {sel}")
-    rows = [
-        (rollout_id, *found[(name, sel)], str(sel))
-        for rollout_id, selectors in asked.items()
-        for name, sel in selectors.items()
-    ]
-    await conn.execute(_INSERT_ASSIGNMENTS, *(list(column) for column in zip(*rows, strict=True)))
+    inserts: list[tuple[Any, ...]] = []
+    positions = {canary.release_id: canary.next_position for canary in canaries.values()}
+    for rollout_id, selectors in asked.items():  # creation order: canary positions follow it
+        for name, sel in selectors.items():
+            resource, version = found[(name, sel)]
+            canary = canaries.get((name, sel)) if isinstance(sel, str) else None
+            if canary is None:
+                inserts.append((rollout_id, resource, version, str(sel), None, None, None, None))
+                continue
+            arm, armed = canary.assign(rollout_id)
+            position = positions[canary.release_id]
+            positions[canary.release_id] = position + 1
+            inserts.append((rollout_id, resource, armed, sel, canary.release_id, arm, canary.share, position))
+    await conn.execute(_INSERT_ASSIGNMENTS, *(list(column) for column in zip(*inserts, strict=True)))
 
 
 async def assignments(conn: asyncpg.Connection, rollout_id: str) -> dict[str, Assignment] | None:
@@ -303,7 +333,15 @@ async def assignments(conn: asyncpg.Connection, rollout_id: str) -> dict[str, As
     if not rows:
         return None
     return {
-        row[1]: Assignment(version=_version_from_row(tuple(row)[1:]), selector=row[0])
+        row[1]: Assignment(
+            version=_version_from_row(tuple(row)[1:10]),
+            selector=row[0],
+            release_id=row[10],
+            arm=row[11],
+            share=row[12],
+            replay_index=row[13],
+            excluded=row[14],
+        )
         for row in rows
         if row[0] is not None
     }

@@ -233,6 +233,58 @@ MIGRATIONS: tuple[str, ...] = (
     -- The count kept beside the chain; an append increments it before it reads the last hash.
     INSERT INTO counters (name, value) VALUES ('audit_entries', 0);
     """,
+    # 4: releases and what their rollouts were assigned by them (SQLite's step 6, same columns),
+    # plus what replicas creating canary rollouts at once need: the release row counts its canary
+    # rollouts (`canary_rollouts`), and each canary rollout takes the next count as its `position`
+    # by updating that row, which stays locked until the create commits. Positions are thus
+    # gap-free in commit order, as the runner's feed needs (rollout ids are drawn at insert time
+    # and commit out of order), and a step changing the share waits for creates under the old one.
+    """
+    CREATE TABLE releases (
+        id               bigserial PRIMARY KEY,           -- creation order
+        release_id       text NOT NULL UNIQUE,
+        resource         bigint NOT NULL REFERENCES resources (id),
+        label            text NOT NULL,
+        baseline         bigint NOT NULL,
+        candidate        bigint NOT NULL,
+        plan             text NOT NULL,                   -- keraunos.release.plan.ReleasePlan as JSON
+        state            text NOT NULL,                   -- keraunos.release.plan.ReleaseState
+        stage            integer NOT NULL,                -- 0-based canary stage, -1 before the canary
+        waiting_for      text,                            -- 'stage:N' or 'promotion' while awaiting approval
+        step             bigint NOT NULL,                 -- steps applied: the compare-and-set of a step
+        share            double precision,                -- the candidate's share of new rollouts, or NULL
+        reason           text NOT NULL,
+        evidence         text,                            -- JSON object of the last step, or NULL
+        created_at       double precision NOT NULL,
+        updated_at       double precision NOT NULL,
+        created_by       text NOT NULL,
+        runner           text,                            -- who holds the lease
+        lease_expires_at double precision,
+        canary_rollouts  bigint NOT NULL DEFAULT 0,       -- the last canary position handed out
+        FOREIGN KEY (resource, baseline) REFERENCES resource_versions (resource, version),
+        FOREIGN KEY (resource, candidate) REFERENCES resource_versions (resource, version)
+    );
+    -- At most one release of a label is not final; a rollout created with the label finds it here.
+    CREATE UNIQUE INDEX releases_active_by_label ON releases (resource, label)
+        WHERE state NOT IN ('promoted', 'rolled_back', 'aborted');
+
+    -- A rollout assigned by a release: the release, the arm, the share of the canary stage (NULL
+    -- for replay), the replay index (NULL for the canary), whether a rollback excluded it, and its
+    -- position among the release's rollouts of its phase (canary: 1, 2, ... in commit order;
+    -- replay: 2i+1 for the candidate of index i, 2i+2 for its baseline).
+    ALTER TABLE rollout_resources
+        ADD COLUMN release_id   text REFERENCES releases (release_id),
+        ADD COLUMN arm          text,
+        ADD COLUMN share        double precision,
+        ADD COLUMN replay_index bigint,
+        ADD COLUMN excluded     boolean NOT NULL DEFAULT false,
+        ADD COLUMN position     bigint;
+    -- The observation reads, one index range per page.
+    CREATE UNIQUE INDEX rollout_resources_canary ON rollout_resources (release_id, position)
+        WHERE release_id IS NOT NULL AND replay_index IS NULL;
+    CREATE UNIQUE INDEX rollout_resources_replay ON rollout_resources (release_id, position)
+        WHERE replay_index IS NOT NULL;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
