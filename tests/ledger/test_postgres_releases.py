@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
+from test_postgres_registry import _until_waiting as until_waiting
 from test_postgres_registry import behind_lock, verified_count
 
 from keraunos.ledger.base import NewRelease, NewVersion
@@ -25,12 +26,15 @@ from keraunos.ledger.postgres import PostgresLedger
 from keraunos.ledger.postgres._pool import PoolSettings
 from keraunos.protocol import RolloutCreate
 from keraunos.release.plan import ReleasePlan, command_step, first_step
+from keraunos.release.split import arm_of
 from keraunos.resources import content_hash
 
 pytestmark = pytest.mark.anyio
 
 PG_POOL = PoolSettings(max_size=4)
 PLAN = ReleasePlan(stages=(0.5, 0.9))
+T = TypeVar("T")
+
 LOCK_RELEASE = "SELECT id FROM releases WHERE release_id = $1 FOR UPDATE"
 
 
@@ -218,3 +222,52 @@ async def test_canary_rollouts_created_on_two_replicas_at_once_take_gap_free_pos
     for batch in batches:
         positions = [next(o.position for o in seen if o.rollout_id == item.rollout_id) for item in batch]
         assert positions == list(range(positions[0], positions[0] + 10))
+
+
+async def behind_a_step(holder: asyncpg.Connection, step_sql: str, create: Awaitable[T]) -> T:
+    """Run `create` while `holder` has changed the release row (`step_sql`, as a step does) and not
+    yet committed; commit once the create waits for that row, and return what the create did."""
+    transaction = holder.transaction()
+    await transaction.start()
+    try:
+        await holder.execute(step_sql)
+        task = asyncio.ensure_future(create)
+        await until_waiting(holder, 1, [task])
+    finally:
+        await transaction.commit()
+    return await task
+
+
+async def test_a_canary_rollout_created_while_a_step_changes_the_share_is_split_by_the_new_share(
+    replicas: list[PostgresLedger], holder: asyncpg.Connection
+) -> None:
+    await released(replicas[0])
+    item = RolloutCreate(input={}, rollout_id="r1", resources={"system": "production"})
+
+    await behind_a_step(
+        holder,
+        "UPDATE releases SET share = 0.9, stage = 1, step = 2",
+        replicas[1].create_rollouts([item], 6.0),
+    )
+
+    assigned = (await replicas[0].rollout_resources("r1"))["system"]
+    arm = arm_of("rel-1", "r1", 0.9)
+    assert (assigned.release_id, assigned.share, assigned.arm) == ("rel-1", 0.9, arm)
+    assert assigned.version.version == (2 if arm == "candidate" else 1)
+
+
+async def test_a_rollout_created_while_a_step_ends_the_canary_gets_the_labels_version_alone(
+    replicas: list[PostgresLedger], holder: asyncpg.Connection
+) -> None:
+    await released(replicas[0])
+    item = RolloutCreate(input={}, rollout_id="r1", resources={"system": "production"})
+
+    await behind_a_step(
+        holder,
+        "UPDATE releases SET state = 'aborted', share = NULL, step = 2",
+        replicas[1].create_rollouts([item], 6.0),
+    )
+
+    assigned = (await replicas[0].rollout_resources("r1"))["system"]
+    assert (assigned.release_id, assigned.arm, assigned.version.version) == (None, None, 1)
+    assert await replicas[1].release_observations("rel-1", "canary", 0, 10) == []
