@@ -404,17 +404,29 @@ def _progress() -> Progress:
     )
 
 
+#: How often `audit verify` reads on after the last page when the count ran ahead of it.
+_CATCH_UP_ROUNDS = 5
+
+
 def _read_gateway(
     gateway: str, key: str, advance: Callable[[int, int], None]
 ) -> tuple[list[AuditEntry], int]:
-    """Every entry through `GET /api/audit`, and the count the ledger keeps (as of the last page)."""
+    """Every entry through `GET /api/audit`, and the count the ledger keeps (as of the last page).
+
+    The count comes after its page, so an entry appended while the last page was read makes it
+    run ahead of the entries read: then the pages after the last entry are read again, a few
+    times, before a count that stays ahead is reported (a deleted tail keeps it ahead for good).
+    """
     read: list[AuditEntry] = []
     count = 0
     with _client(gateway, key) as client:
-        for page in client.audit_pages():
-            read.extend(page.items)
-            count = page.count
-            advance(len(page.items), page.count)
+        for _ in range(_CATCH_UP_ROUNDS):
+            for page in client.audit_pages(read[-1].seq if read else 0):
+                read.extend(page.items)
+                count = page.count
+                advance(len(page.items), page.count)
+            if count <= len(read):
+                break
     return read, count
 
 
