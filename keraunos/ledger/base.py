@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from keraunos.audit import AuditDraft, AuditEntry
 from keraunos.ledger.codec._wire import WireCall
@@ -26,7 +26,7 @@ from keraunos.protocol import (
     RolloutStatusPatch,
     TerminalPage,
 )
-from keraunos.release.plan import Step
+from keraunos.release.plan import Observation, Release, Step
 from keraunos.resources import Label, ResourceKind, ResourceSummary, ResourceVersion
 
 #: A wire event (`keraunos.protocol.Event` shape) as a plain dict, for speed on large reads.
@@ -395,3 +395,70 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     async def audit_head(self) -> AuditHead:
         """The entry count the ledger keeps beside the chain, and the hash of the last entry."""
+
+    # -- releases (docs/release.md) -------------------------------------------------------------
+    # A release holds a label of a resource while it moves from its baseline to a candidate. While
+    # a release is in a canary stage (`share` set), a rollout created with that label as its
+    # selector gets the candidate when `keraunos.release.split.arm_of(release_id, rollout_id,
+    # share)` says so and the baseline otherwise, recorded on the rollout with the release, arm and
+    # share (`Assignment`). Every step is one transaction: the release row, the label, the
+    # exclusion marks and the step's audit entry.
+
+    @abc.abstractmethod
+    async def create_release(self, new: NewRelease, now: float) -> Release:
+        """Start a release: its baseline is the version the label points at now; `new.first` is
+        applied in the same transaction, with an audit entry `release.start`, and the replay's
+        rollouts are created in it too: for each of `new.replay_items` (index i from 0) two
+        rollouts `{release_id}:replay:{i}:candidate` and `...:baseline`, `is_train` false, the
+        item's input, config and metadata, assigned the candidate and the baseline version of the
+        resource (recorded with the release, the arm and `replay_index` i, share None).
+
+        Raises `ResourceNotFound` (no such resource, label or candidate version) and
+        `ResourceConflict` (another release of this label is not final, the candidate is the
+        baseline, or the release id exists).
+        """
+
+    @abc.abstractmethod
+    async def get_release(self, release_id: str) -> Release | None:
+        """The release, or None."""
+
+    @abc.abstractmethod
+    async def list_releases(self, *, active: bool) -> list[Release]:
+        """Releases, oldest first; only those not final when `active`."""
+
+    @abc.abstractmethod
+    async def claim_releases(self, runner: str, lease_seconds: float, now: float) -> list[Release]:
+        """Take or renew the lease of every active release that is free, expired, or `runner`'s own,
+        until `now + lease_seconds`; returns the releases `runner` now holds."""
+
+    @abc.abstractmethod
+    async def apply_release_step(
+        self,
+        release_id: str,
+        step: Step,
+        *,
+        expected_step: int,
+        actor: str,
+        runner: str | None,
+        evidence: dict[str, float] | None,
+        now: float,
+    ) -> Release:
+        """Apply `step` to a release whose step count is `expected_step`, in one transaction: the
+        release's state, stage, waiting gate, share and step count (`step.status`), reason and
+        evidence; the label moved to the baseline or candidate version (`step.label`); the
+        candidate's rollouts of this release marked excluded when `step.exclude_candidate`; one
+        audit entry (`step.action`, subject `release:ID`, before/after with the label's version
+        and the release's state, `evidence`, `step.reason`).
+
+        Raises `ResourceNotFound` for an unknown release and `ResourceConflict` when its step count
+        is not `expected_step` (the step was applied already, or another one came first), or when
+        `runner` is given and does not hold the release's unexpired lease. Nothing changes then.
+        """
+
+    @abc.abstractmethod
+    async def release_observations(
+        self, release_id: str, phase: Literal["replay", "canary"], after: int, limit: int
+    ) -> list[Observation]:
+        """The release's rollouts of `phase` at positions `after+1 .. after+limit`, finished or not
+        (`Observation`): canary rollouts (assigned by the split) in creation order; replay rollouts
+        by replay index, candidate before baseline. Raises `ResourceNotFound` for an unknown release."""

@@ -272,7 +272,7 @@ class Release(BaseModel):
     step: int
     share: float | None
     reason: str
-    evidence: dict[str, float] | None
+    evidence: dict[str, float | None] | None  # a non-finite number is stored as null
     created_at: float
     updated_at: float
     created_by: str

@@ -32,12 +32,11 @@ import asyncpg
 import orjson
 
 from keraunos.audit import AuditDraft
-from keraunos.ledger._rows import group_id_of, insert_values
+from keraunos.ledger._rows import group_id_of, insert_values, reward_value
 from keraunos.ledger.base import NewRelease
 from keraunos.ledger.codec import decode_json
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
 from keraunos.ledger.postgres import _resources as registry
-from keraunos.ledger.sqlite._releases import reward_value
 from keraunos.protocol import RolloutCreate
 from keraunos.release.plan import FINAL_STATES, Observation, Release, Step
 from keraunos.release.split import arm_of

@@ -12,7 +12,6 @@ without a `label.move` entry of its own: the step's entry carries the label's be
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any, Literal
 import orjson
 
 from keraunos.audit import AuditDraft
-from keraunos.ledger._rows import insert_values
+from keraunos.ledger._rows import insert_values, reward_value
 from keraunos.ledger.base import NewRelease
 from keraunos.ledger.codec import decode_json
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
@@ -377,16 +376,3 @@ def _observation(position: int, row: Sequence[Any]) -> Observation:
         latency_s=max(0.0, updated_at - created_at),
         events=orjson.loads(events),
     )
-
-
-def reward_value(data: dict[str, Any]) -> float | None:
-    """A `reward` event's value as the statistics take it: a finite number, else None (a missing,
-    null, non-numeric or non-finite value is no reward)."""
-    value = data.get("value")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an integer beyond any float
-        return None
-    return value if math.isfinite(value) else None
