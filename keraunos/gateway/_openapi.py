@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from keraunos.gateway.api.releases import DecisionPost, ReleaseClaim, ReleaseCommandBody, ReleaseStart
 from keraunos.protocol import (
     ClaimRequest,
     EventCreate,
@@ -34,6 +35,10 @@ REQUEST_MODELS = (
     FinishRequest,
     ResourcePush,
     LabelMove,
+    ReleaseStart,
+    ReleaseClaim,
+    DecisionPost,
+    ReleaseCommandBody,
 )
 
 _ERROR_SCHEMA = {

@@ -2,10 +2,11 @@
 
 A scoped key (`--keys-file`) carries a role. The roles nest where the work does: a `reader` only
 looks; a `controller` also runs attempts (claims, heartbeats, events, logs, the proxy); a `trainer`
-also creates and deletes rollouts, registers endpoints, pauses the proxy, pushes resources and moves
-labels that are not protected; an `approver` looks and moves any label, protected ones included
-(`production` by default) — the one step a trainer must not take alone; an `admin` may do
-everything, as the server key does. Agent tokens are not roles: `_auth.in_scope` scopes them.
+also creates and deletes rollouts, registers endpoints, pauses the proxy, pushes resources, moves
+labels that are not protected, and starts, claims, decides and aborts releases (a release runner's
+work); an `approver` looks, moves any label, protected ones included (`production` by default) —
+the one step a trainer must not take alone —, and approves, aborts and rolls back releases; an
+`admin` may do everything, as the server key does. Agent tokens are not roles: `_auth.in_scope` scopes them.
 
 Nothing here does I/O; the auth middleware calls `allows` with the request's method and path.
 """
@@ -67,8 +68,17 @@ _TRAINER = (
     Grant(frozenset({"POST"}), "/proxy/resume"),
     Grant(frozenset({"POST"}), "/api/resources/*"),
     Grant(frozenset({"PUT"}), _LABELS, unprotected_only=True),
+    Grant(frozenset({"POST"}), "/api/releases"),
+    Grant(frozenset({"POST"}), "/api/releases/claim"),
+    Grant(frozenset({"POST"}), "/api/releases/*/decisions"),
+    Grant(frozenset({"POST"}), "/api/releases/*/abort"),
 )
-_APPROVER = (Grant(frozenset({"PUT"}), _LABELS),)
+_APPROVER = (
+    Grant(frozenset({"PUT"}), _LABELS),
+    Grant(frozenset({"POST"}), "/api/releases/*/approve"),
+    Grant(frozenset({"POST"}), "/api/releases/*/abort"),
+    Grant(frozenset({"POST"}), "/api/releases/*/rollback"),
+)
 
 #: What each role may call; `admin` is not listed, it may call everything.
 GRANTS: dict[Role, tuple[Grant, ...]] = {

@@ -28,7 +28,17 @@ from keraunos.gateway._keys import KeyRing, load_keys
 from keraunos.gateway._limits import BodySizeLimit
 from keraunos.gateway._openapi import build_openapi
 from keraunos.gateway._tokens import token_secret
-from keraunos.gateway.api import attempts, audit, events, info, models, resources, rollouts, tokens
+from keraunos.gateway.api import (
+    attempts,
+    audit,
+    events,
+    info,
+    models,
+    releases,
+    resources,
+    rollouts,
+    tokens,
+)
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
 from keraunos.gateway.proxy import CacheEvents, ProxyState, proxy_lifespan
@@ -44,6 +54,7 @@ from keraunos.ledger.errors import (
     ResourceNotFound,
     RolloutNotFound,
 )
+from keraunos.release.plan import InvalidReleaseCommand
 from keraunos.resources import InvalidResource
 
 log = structlog.get_logger("keraunos.gateway")
@@ -101,6 +112,7 @@ def create_app(
         models.router,
         resources.router,
         audit.router,
+        releases.router,
     )
     for router in routers:
         app.include_router(router)
@@ -115,6 +127,7 @@ def create_app(
     app.add_exception_handler(ResourceNotFound, _not_found)
     app.add_exception_handler(ResourceConflict, _conflict)
     app.add_exception_handler(InvalidResource, _invalid_resource)
+    app.add_exception_handler(InvalidReleaseCommand, _conflict)
 
     public_paths = frozenset(
         path

@@ -111,6 +111,14 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/resources/{name}/labels/{label}": {"put"},
         "/api/rollouts/{rollout_id}/resources": {"get"},
         "/api/audit": {"get"},
+        "/api/releases": {"get", "post"},
+        "/api/releases/claim": {"post"},
+        "/api/releases/{release_id}": {"get"},
+        "/api/releases/{release_id}/decisions": {"post"},
+        "/api/releases/{release_id}/approve": {"post"},
+        "/api/releases/{release_id}/abort": {"post"},
+        "/api/releases/{release_id}/rollback": {"post"},
+        "/api/releases/{release_id}/observations": {"get"},
     }
     assert {path: set(ops) for path, ops in paths.items()} == expected
     schemas = doc["components"]["schemas"]
@@ -121,6 +129,10 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         ("/api/models", "post", "Model"),
         ("/api/resources/{name}", "post", "ResourcePush"),
         ("/api/resources/{name}/labels/{label}", "put", "LabelMove"),
+        ("/api/releases", "post", "ReleaseStart"),
+        ("/api/releases/claim", "post", "ReleaseClaim"),
+        ("/api/releases/{release_id}/decisions", "post", "DecisionPost"),
+        ("/api/releases/{release_id}/abort", "post", "ReleaseCommandBody"),
     ]:
         body = paths[path][method]["requestBody"]["content"]["application/json"]["schema"]
         assert model in str(body)

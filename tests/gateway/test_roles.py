@@ -12,6 +12,7 @@ R = "/api/rollouts/r1"
 A = "/api/rollouts/r1/attempt/2"
 PROXY = "/proxy/rollout/r1/attempt/2/mode/train/openai/v1/chat/completions"
 LABEL = "/api/resources/system_prompt/labels/candidate"
+REL = "/api/releases/rel-1"
 
 #: (method, path) -> the least role of each line that may call it; every role not listed may not.
 #: reader < controller < trainer; approver = reader + labels; admin = everything.
@@ -44,6 +45,15 @@ CALLS: list[tuple[str, str, frozenset[str]]] = [
     ("POST", "/proxy/resume", frozenset({"trainer"})),
     ("POST", "/api/resources/system_prompt", frozenset({"trainer"})),
     ("PUT", LABEL, frozenset({"trainer", "approver"})),
+    ("GET", f"{REL}/observations", frozenset({"reader", "controller", "trainer", "approver"})),
+    ("POST", "/api/releases", frozenset({"trainer"})),
+    ("POST", "/api/releases/claim", frozenset({"trainer"})),
+    ("POST", f"{REL}/decisions", frozenset({"trainer"})),
+    ("POST", f"{REL}/abort", frozenset({"trainer", "approver"})),
+    ("POST", f"{REL}/approve", frozenset({"approver"})),
+    ("POST", f"{REL}/rollback", frozenset({"approver"})),
+    ("POST", REL, frozenset()),
+    ("DELETE", REL, frozenset()),
     # Nothing below the admin may call what no line grants.
     ("DELETE", "/api/resources/system_prompt", frozenset()),
     ("POST", "/api/audit", frozenset()),

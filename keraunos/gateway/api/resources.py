@@ -151,7 +151,7 @@ async def resource_history(request: Request, name: NamePath) -> Response:
 )
 async def get_version(request: Request, name: NamePath, selector: SelectorPath) -> Response:
     """The version numbered `selector` (digits only), or the one label `selector` points at."""
-    return json_response(_VERSION.dump_json(await _select(ledger_of(request), name, selector)))
+    return json_response(_VERSION.dump_json(await select_version(ledger_of(request), name, selector)))
 
 
 @router.get(
@@ -175,8 +175,8 @@ async def diff(
     """The two versions and the diff from `from` to `to` (of the template lines for a prompt, else
     of the content as sorted JSON); the diff is "" when the contents are equal."""
     ledger = ledger_of(request)
-    old = await _select(ledger, name, from_)
-    new = await _select(ledger, name, to)
+    old = await select_version(ledger, name, from_)
+    new = await select_version(ledger, name, to)
     body: dict[str, Any] = {
         "from": old.model_dump(mode="json"),
         "to": new.model_dump(mode="json"),
@@ -253,16 +253,28 @@ async def move_label(request: Request, name: NamePath, label: LabelPath) -> Resp
     },
 )
 async def rollout_resources(request: Request, rollout_id: RolloutIdPath) -> Response:
-    """By resource name: the selector the rollout asked for and the version it was resolved to."""
+    """By resource name: the selector the rollout asked for and the version it was resolved to,
+    and for a rollout of a release (its canary split or its replay) the release's assignment."""
     assigned = await ledger_of(request).rollout_resources(rollout_id)
-    body = {
-        name: {"selector": assignment.selector, "version": assignment.version.model_dump(mode="json")}
-        for name, assignment in assigned.items()
-    }
+    body: dict[str, Any] = {}
+    for name, assignment in assigned.items():
+        entry: dict[str, Any] = {
+            "selector": assignment.selector,
+            "version": assignment.version.model_dump(mode="json"),
+        }
+        if assignment.release_id is not None:
+            entry["release"] = {
+                "release_id": assignment.release_id,
+                "arm": assignment.arm,
+                "share": assignment.share,
+                "replay_index": assignment.replay_index,
+                "excluded": assignment.excluded,
+            }
+        body[name] = entry
     return json_response(dump_json(body))
 
 
-async def _select(ledger: Ledger, name: str, selector: str) -> ResourceVersion:
+async def select_version(ledger: Ledger, name: str, selector: str) -> ResourceVersion:
     """The version `selector` names: a number when it is only digits, else a label."""
     if selector.isdigit():
         number = int(selector)
