@@ -329,7 +329,9 @@ def _print_release(release: Release) -> None:
     console.print(table)
 
 
-def _number(value: float) -> str:
+def _number(value: float | None) -> str:
+    if value is None:  # a bound the gateway could not store as a finite number
+        return "-"
     return str(int(value)) if float(value).is_integer() and abs(value) >= 1 else f"{value:.4f}"
 
 
