@@ -3,10 +3,11 @@
 A scoped key (`--keys-file`) carries a role. The roles nest where the work does: a `reader` only
 looks; a `controller` also runs attempts (claims, heartbeats, events, logs, the proxy); a `trainer`
 also creates and deletes rollouts, registers endpoints, pauses the proxy, pushes resources, moves
-labels that are not protected, and starts, claims, decides and aborts releases (a release runner's
-work); an `approver` looks, moves any label, protected ones included (`production` by default) —
-the one step a trainer must not take alone —, and approves, aborts and rolls back releases; an
-`admin` may do everything, as the server key does. Agent tokens are not roles: `_auth.in_scope` scopes them.
+labels that are not protected, and starts and aborts releases; an `approver` looks, moves any
+label, protected ones included (`production` by default) — the one step a trainer must not take
+alone —, approves, aborts and rolls back releases, and runs them (`keraunos release run` claims
+releases and posts the decisions that may promote: it runs with an approver's key); an `admin`
+may do everything, as the server key does. Agent tokens are not roles: `_auth.in_scope` scopes them.
 
 Nothing here does I/O; the auth middleware calls `allows` with the request's method and path.
 """
@@ -69,12 +70,14 @@ _TRAINER = (
     Grant(frozenset({"POST"}), "/api/resources/*"),
     Grant(frozenset({"PUT"}), _LABELS, unprotected_only=True),
     Grant(frozenset({"POST"}), "/api/releases"),
-    Grant(frozenset({"POST"}), "/api/releases/claim"),
-    Grant(frozenset({"POST"}), "/api/releases/*/decisions"),
     Grant(frozenset({"POST"}), "/api/releases/*/abort"),
 )
+# The release runner's calls are an approver's: a decision it posts may promote a candidate, which
+# moves a protected label; a trainer that could post one could promote its own candidate alone.
 _APPROVER = (
     Grant(frozenset({"PUT"}), _LABELS),
+    Grant(frozenset({"POST"}), "/api/releases/claim"),
+    Grant(frozenset({"POST"}), "/api/releases/*/decisions"),
     Grant(frozenset({"POST"}), "/api/releases/*/approve"),
     Grant(frozenset({"POST"}), "/api/releases/*/abort"),
     Grant(frozenset({"POST"}), "/api/releases/*/rollback"),

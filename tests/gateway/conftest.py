@@ -16,6 +16,7 @@ ON_BOTH_BACKENDS = frozenset(
         "test_api_rollouts",
         "test_api_terminal",
         "test_api_triplet_delta",
+        "test_releases_api",
         "test_resources_api",
     }
 )

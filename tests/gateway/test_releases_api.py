@@ -415,7 +415,7 @@ def test_an_approver_approves_a_waiting_release_and_a_reader_or_trainer_may_not(
     )
 
 
-def test_a_trainer_starts_claims_decides_and_aborts_and_a_reader_or_controller_writes_nothing(
+def test_a_trainer_starts_and_aborts_an_approver_runs_and_a_reader_or_controller_writes_nothing(
     keyed: Gateway,
 ) -> None:
     with keyed.client() as admin:
@@ -433,9 +433,16 @@ def test_a_trainer_starts_claims_decides_and_aborts_and_a_reader_or_controller_w
         release = start(trainer, resource, plan={"stages": [0.1, 0.5], "min_stage_rollouts": 5})
         release_id = release["release_id"]
         assert release["created_by"] == "key:trainer-1"
-        assert release_id in claim(trainer, "runner-t")
-        answer = decide(trainer, release_id, "continue", step=1, runner="runner-t", stage_rollouts=5)
+        # A decision may promote, which moves a protected label: the runner's calls are an approver's.
+        assert (
+            trainer.post("/api/releases/claim", json={"runner": "r", "lease_seconds": 5}).status_code == 403
+        )
+        assert decide(trainer, release_id, "promote", step=1, runner="runner-t").status_code == 403
+    with as_key(keyed, "approver-1") as runner:
+        assert release_id in claim(runner, "runner-t")
+        answer = decide(runner, release_id, "continue", step=1, runner="runner-t", stage_rollouts=5)
         assert answer.json()["applied"] is True
+    with as_key(keyed, "trainer-1") as trainer:
         assert trainer.post(f"/api/releases/{release_id}/rollback", json={}).status_code == 403
         aborted = trainer.post(f"/api/releases/{release_id}/abort", json={"reason": "wrong prompt"})
         assert aborted.status_code == 200
@@ -485,3 +492,35 @@ def test_an_approver_rolls_back_a_promoted_release_and_a_stale_expected_step_is_
         {"version": 2, "state": "promoted"},
         {"version": 1, "state": "rolled_back"},
     )
+
+
+def test_an_old_promoted_release_cannot_be_rolled_back_over_what_came_after_it(keyed: Gateway) -> None:
+    with keyed.client() as admin:
+        resource = new_resource(admin)
+        first = start(admin, resource)["release_id"]
+        claim(admin, "runner-o")
+        assert decide(admin, first, "promote", step=1, runner="runner-o").json()["applied"] is True
+        assert (
+            admin.post(
+                f"/api/resources/{resource}", json={"kind": "prompt", "content": {"template": "Third."}}
+            ).status_code
+            == 201
+        )
+        second = start(admin, resource, candidate=3)["release_id"]
+        held = admin.post(f"/api/releases/{first}/rollback", json={})
+        assert held.status_code == 409 and second in held.json()["detail"]
+        assert admin.post(f"/api/releases/{second}/abort", json={}).status_code == 200
+        moved = admin.put(f"/api/resources/{resource}/labels/production", json={"version": 3})
+        assert moved.status_code == 200
+        stale = admin.post(f"/api/releases/{first}/rollback", json={})
+        assert stale.status_code == 409 and "points at version 3 now" in stale.json()["detail"]
+        assert label_version(admin, resource) == 3
+
+
+def test_a_label_held_by_a_live_release_is_not_moved_by_hand(keyed: Gateway) -> None:
+    with keyed.client() as admin:
+        resource = new_resource(admin)
+        release_id = start(admin, resource)["release_id"]
+        refused = admin.put(f"/api/resources/{resource}/labels/production", json={"version": 2})
+        assert refused.status_code == 409 and release_id in refused.json()["detail"]
+        assert label_version(admin, resource) == 1

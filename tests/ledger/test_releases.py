@@ -25,9 +25,6 @@ from keraunos.resources import content_hash, normalized_content
 
 pytestmark = pytest.mark.anyio
 
-#: The ledger with the release methods; `Ledger` once base.py declares them.
-ReleaseLedger = Any
-
 ACTOR = "key:controller"
 CANARY = ReleasePlan(stages=(0.5, 0.9))
 REPLAY = ReleasePlan(replay=ReplayPlan(pairs=3), stages=(0.5,))
@@ -77,7 +74,7 @@ def new_release(
     )
 
 
-async def start(ledger: ReleaseLedger, **kwargs: Any) -> Any:
+async def start(ledger: Ledger, **kwargs: Any) -> Any:
     await registry(ledger)
     return await ledger.create_release(new_release(**kwargs), 10.0)
 
@@ -97,7 +94,7 @@ async def audit_count(ledger: Ledger) -> int:
 
 
 async def step(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
     release: Any,
     the_step: Step,
     *,
@@ -143,7 +140,7 @@ def promotion(release: Any) -> Step:
 
 
 async def test_a_release_starts_at_its_first_step_from_the_version_the_label_points_at(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     await registry(ledger)
     entries_before = await audit_count(ledger)
@@ -172,7 +169,7 @@ async def test_a_release_starts_at_its_first_step_from_the_version_the_label_poi
     assert entry.after == {"version": 1, "state": "canary"}
 
 
-async def test_an_unknown_release_is_none_and_releases_list_oldest_first(ledger: ReleaseLedger) -> None:
+async def test_an_unknown_release_is_none_and_releases_list_oldest_first(ledger: Ledger) -> None:
     await registry(ledger)
     first = await ledger.create_release(new_release("rel-b"), 10.0)
     second = await ledger.create_release(new_release("rel-a", label="staging", candidate=3), 11.0)
@@ -190,7 +187,7 @@ async def test_an_unknown_release_is_none_and_releases_list_oldest_first(ledger:
     ],
 )
 async def test_an_unknown_resource_label_or_candidate_is_not_found_and_starts_nothing(
-    ledger: ReleaseLedger, kwargs: dict[str, Any], what: str | None
+    ledger: Ledger, kwargs: dict[str, Any], what: str | None
 ) -> None:
     await registry(ledger)
     entries = await audit_count(ledger)
@@ -204,7 +201,7 @@ async def test_an_unknown_resource_label_or_candidate_is_not_found_and_starts_no
 
 
 async def test_a_second_release_of_a_label_is_a_conflict_until_the_first_is_final(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     first = await start(ledger)
     entries = await audit_count(ledger)
@@ -223,7 +220,7 @@ async def test_a_second_release_of_a_label_is_a_conflict_until_the_first_is_fina
 
 
 async def test_a_candidate_that_is_the_baseline_or_a_release_id_taken_is_a_conflict(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     await start(ledger)
     entries = await audit_count(ledger)
@@ -241,7 +238,7 @@ async def test_a_candidate_that_is_the_baseline_or_a_release_id_taken_is_a_confl
 
 
 async def test_the_replay_creates_a_candidate_and_a_baseline_validation_rollout_per_input(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     items = tuple(
         RolloutCreate(input={"task": i}, rollout_id=f"stored-{i}", metadata={"data_id": f"d{i}"})  # type: ignore[arg-type]
@@ -270,7 +267,7 @@ async def test_the_replay_creates_a_candidate_and_a_baseline_validation_rollout_
 
 
 async def test_during_the_replay_a_rollout_asking_for_the_label_gets_the_labels_version(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     await start(ledger, plan=REPLAY, replay_items=(RolloutCreate(input={}),))
 
@@ -284,7 +281,7 @@ async def test_during_the_replay_a_rollout_asking_for_the_label_gets_the_labels_
 
 
 async def test_in_a_canary_stage_each_rollout_gets_the_version_of_its_sticky_arm(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     await start(ledger)
     # Half with ids of their own, half drawn by the ledger: the split hashes the final id.
@@ -303,7 +300,7 @@ async def test_in_a_canary_stage_each_rollout_gets_the_version_of_its_sticky_arm
 
 
 async def test_a_label_without_a_release_or_an_explicit_version_resolves_as_before(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     await start(ledger)
 
@@ -315,7 +312,7 @@ async def test_a_label_without_a_release_or_an_explicit_version_resolves_as_befo
     assert (number.version.version, number.release_id, number.selector) == (3, None, "3")
 
 
-async def test_assignments_stay_as_they_were_made_after_later_steps(ledger: ReleaseLedger) -> None:
+async def test_assignments_stay_as_they_were_made_after_later_steps(ledger: Ledger) -> None:
     release = await start(ledger)
     await ledger.create_rollouts([asking(f"early-{i}") for i in range(40)], 12.0)
     before = {f"early-{i}": await ledger.rollout_resources(f"early-{i}") for i in range(40)}
@@ -332,7 +329,7 @@ async def test_assignments_stay_as_they_were_made_after_later_steps(ledger: Rele
 # -- steps: compare-and-set, lease, label, exclusion, audit ----------------------------------------
 
 
-async def test_a_step_applies_the_status_share_reason_and_evidence(ledger: ReleaseLedger) -> None:
+async def test_a_step_applies_the_status_share_reason_and_evidence(ledger: Ledger) -> None:
     release = await start(ledger)
 
     moved = await step(ledger, release, stage_two(release), now=20.0, evidence={"lower": -0.1, "n": 40.0})
@@ -354,7 +351,7 @@ async def test_a_step_applies_the_status_share_reason_and_evidence(ledger: Relea
 
 
 async def test_a_step_against_a_stale_step_count_is_a_conflict_and_changes_nothing(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     release = await start(ledger)
     applied = await step(ledger, release, stage_two(release))
@@ -369,7 +366,7 @@ async def test_a_step_against_a_stale_step_count_is_a_conflict_and_changes_nothi
     assert await audit_count(ledger) == entries
 
 
-async def test_an_unknown_release_cannot_take_a_step(ledger: ReleaseLedger) -> None:
+async def test_an_unknown_release_cannot_take_a_step(ledger: Ledger) -> None:
     await registry(ledger)
     plan_step = first_step(CANARY)
 
@@ -379,7 +376,7 @@ async def test_an_unknown_release_cannot_take_a_step(ledger: ReleaseLedger) -> N
         )
 
 
-async def test_a_runner_applies_steps_only_under_its_own_unexpired_lease(ledger: ReleaseLedger) -> None:
+async def test_a_runner_applies_steps_only_under_its_own_unexpired_lease(ledger: Ledger) -> None:
     release = await start(ledger)
 
     held = await ledger.claim_releases("runner-a", 10.0, 100.0)
@@ -405,7 +402,7 @@ async def test_a_runner_applies_steps_only_under_its_own_unexpired_lease(ledger:
 
 
 async def test_a_command_without_a_runner_needs_no_lease_and_final_releases_are_not_claimed(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     release = await start(ledger)
     await ledger.claim_releases("runner-a", 10.0, 100.0)
@@ -418,7 +415,7 @@ async def test_a_command_without_a_runner_needs_no_lease_and_final_releases_are_
     assert await ledger.list_releases(active=True) == []
 
 
-async def test_promotion_moves_the_label_to_the_candidate(ledger: ReleaseLedger) -> None:
+async def test_promotion_moves_the_label_to_the_candidate(ledger: Ledger) -> None:
     release = await start(ledger)
 
     promoted = await step(ledger, release, promotion(release), now=30.0)
@@ -432,7 +429,7 @@ async def test_promotion_moves_the_label_to_the_candidate(ledger: ReleaseLedger)
 
 
 async def test_a_rollback_leaves_the_label_at_the_baseline_and_excludes_the_candidates_rollouts(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     release = await start(ledger)
     created = await ledger.create_rollouts([asking(f"ro-{i}") for i in range(30)], 12.0)
@@ -448,7 +445,7 @@ async def test_a_rollback_leaves_the_label_at_the_baseline_and_excludes_the_cand
     assert not (await ledger.rollout_resources("staging-only"))["system"].excluded
 
 
-async def test_a_promoted_release_rolled_back_by_hand_moves_the_label_back(ledger: ReleaseLedger) -> None:
+async def test_a_promoted_release_rolled_back_by_hand_moves_the_label_back(ledger: Ledger) -> None:
     release = await start(ledger)
     promoted = await step(ledger, release, promotion(release), now=30.0)
 
@@ -459,7 +456,7 @@ async def test_a_promoted_release_rolled_back_by_hand_moves_the_label_back(ledge
 
 
 async def test_each_step_appends_one_audit_entry_with_the_labels_versions_and_the_chain_verifies(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     release = await start(ledger)
     entries = await audit_count(ledger)
@@ -500,7 +497,7 @@ async def run_attempts(ledger: Ledger, rollout_id: str, *rewards_by_attempt: lis
 
 
 async def test_canary_observations_come_in_creation_order_with_the_outcome_of_finished_rollouts(
-    ledger: ReleaseLedger,
+    ledger: Ledger,
 ) -> None:
     release = await start(ledger)
     await ledger.create_rollouts([asking("c"), asking("a")], 12.0)
@@ -530,7 +527,7 @@ async def test_canary_observations_come_in_creation_order_with_the_outcome_of_fi
     assert (d.finished, d.reward, d.error, d.events) == (True, None, False, ["tool_call"])
 
 
-async def test_canary_observations_page_by_position(ledger: ReleaseLedger) -> None:
+async def test_canary_observations_page_by_position(ledger: Ledger) -> None:
     release = await start(ledger)
     await ledger.create_rollouts([asking(f"ro-{i:02}") for i in range(7)], 12.0)
 
@@ -548,7 +545,7 @@ async def test_canary_observations_page_by_position(ledger: ReleaseLedger) -> No
     assert await ledger.release_observations(release.release_id, "replay", 0, 10) == []
 
 
-async def test_replay_observations_come_by_index_candidate_before_baseline(ledger: ReleaseLedger) -> None:
+async def test_replay_observations_come_by_index_candidate_before_baseline(ledger: Ledger) -> None:
     items = tuple(RolloutCreate(input={"task": i}) for i in range(3))
     release = await start(ledger, plan=REPLAY, replay_items=items)
     await run_attempts(ledger, "rel-1:replay:1:baseline", [0.25])
@@ -568,8 +565,29 @@ async def test_replay_observations_come_by_index_candidate_before_baseline(ledge
     assert await ledger.release_observations(release.release_id, "canary", 0, 10) == []
 
 
-async def test_observations_of_an_unknown_release_are_not_found(ledger: ReleaseLedger) -> None:
+async def test_observations_of_an_unknown_release_are_not_found(ledger: Ledger) -> None:
     await registry(ledger)
 
     with pytest.raises(ResourceNotFound):
         await ledger.release_observations("nope", "canary", 0, 10)
+
+
+async def test_a_label_held_by_a_live_release_moves_only_by_its_steps_and_by_hand_again_once_it_is_over(
+    ledger: Ledger,
+) -> None:
+    release = await start(ledger)
+    entries = await audit_count(ledger)
+    with pytest.raises(ResourceConflict, match="held by release 'rel-1'"):
+        await ledger.move_label(
+            "system", "production", 3, expected=None, actor=ACTOR, reason="", evidence=None, now=30.0
+        )
+    assert await label_version(ledger) == 1 and await audit_count(ledger) == entries
+    # Another label of the same resource is not held.
+    await ledger.move_label(
+        "system", "staging", 3, expected=None, actor=ACTOR, reason="", evidence=None, now=30.0
+    )
+    await step(ledger, release, command_step(CANARY, release.status, "abort"))
+    moved = await ledger.move_label(
+        "system", "production", 3, expected=1, actor=ACTOR, reason="by hand", evidence=None, now=40.0
+    )
+    assert moved.version == 3

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from typing import Annotated, Literal, NoReturn, Protocol, cast
+from typing import Annotated, Literal, NoReturn
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -30,7 +30,6 @@ from keraunos.release.plan import (
     Observation,
     Release,
     ReleasePlan,
-    Step,
     automatic_step,
     command_step,
     first_step,
@@ -121,38 +120,6 @@ class DecisionAnswer(BaseModel):
     release: Release
 
 
-class ReleaseLedger(Protocol):
-    """The release methods of a ledger (docs/ledger.md#releases).
-
-    Both backends implement them; `Ledger` declares them once every backend does, and then this
-    protocol goes away.
-    """
-
-    async def create_release(self, new: NewRelease, now: float) -> Release: ...
-
-    async def get_release(self, release_id: str) -> Release | None: ...
-
-    async def list_releases(self, *, active: bool) -> list[Release]: ...
-
-    async def claim_releases(self, runner: str, lease_seconds: float, now: float) -> list[Release]: ...
-
-    async def apply_release_step(
-        self,
-        release_id: str,
-        step: Step,
-        *,
-        expected_step: int,
-        actor: str,
-        runner: str | None,
-        evidence: dict[str, float] | None,
-        now: float,
-    ) -> Release: ...
-
-    async def release_observations(
-        self, release_id: str, phase: Literal["replay", "canary"], after: int, limit: int
-    ) -> list[Observation]: ...
-
-
 _START_BODY = TypeAdapter(ReleaseStart)
 _CLAIM_BODY = TypeAdapter(ReleaseClaim)
 _DECISION_BODY = TypeAdapter(DecisionPost)
@@ -202,7 +169,7 @@ async def start_release(request: Request) -> Response:
         first=first_step(body.plan),
         replay_items=items,
     )
-    release = await _releases(request).create_release(new, time.time())
+    release = await ledger_of(request).create_release(new, time.time())
     return json_response(_RELEASE.dump_json(release), 201)
 
 
@@ -217,7 +184,7 @@ async def list_releases(
     active: Annotated[bool, Query(description="Only releases that are not final.")] = False,
 ) -> Response:
     """Every release, or with `active` only those not promoted, rolled back or aborted."""
-    return json_response(_RELEASES.dump_json(await _releases(request).list_releases(active=active)))
+    return json_response(_RELEASES.dump_json(await ledger_of(request).list_releases(active=active)))
 
 
 @router.post(
@@ -231,7 +198,7 @@ async def claim_releases(request: Request) -> Response:
     """Every live release whose lease is free, expired or the runner's own is leased to it until
     `lease_seconds` from now; the answer is what it holds."""
     body = await read_body(request, _CLAIM_BODY)
-    held = await _releases(request).claim_releases(body.runner, body.lease_seconds, time.time())
+    held = await ledger_of(request).claim_releases(body.runner, body.lease_seconds, time.time())
     return json_response(_RELEASES.dump_json(held))
 
 
@@ -276,7 +243,7 @@ async def post_decision(request: Request, release_id: ReleaseIdPath) -> Response
     step = automatic_step(release.plan, release.status, decision, body.stage_rollouts)
     if step is None:
         return json_response(_ANSWER.dump_json(DecisionAnswer(applied=False, release=release)))
-    after = await _releases(request).apply_release_step(
+    after = await ledger_of(request).apply_release_step(
         release_id,
         step,
         expected_step=body.expected_step,
@@ -296,8 +263,10 @@ def _command_route(command: Command, summary: str) -> None:
         release = await _get(request, release_id)
         # InvalidReleaseCommand (409) when the release's state does not take the command.
         step = command_step(release.plan, release.status, command, body.reason)
+        if release.state == "promoted":
+            await _check_label_still_its_own(request, release)
         expected = release.step if body.expected_step is None else body.expected_step
-        after = await _releases(request).apply_release_step(
+        after = await ledger_of(request).apply_release_step(
             release_id,
             step,
             expected_step=expected,
@@ -354,17 +323,32 @@ async def list_observations(
 ) -> Response:
     """Canary rollouts in creation order, replay rollouts by replay index (candidate first), finished
     or not; pass the last `position` back as `after`."""
-    observations = await _releases(request).release_observations(release_id, phase, after, limit)
+    observations = await ledger_of(request).release_observations(release_id, phase, after, limit)
     return json_response(_OBSERVATIONS.dump_json(observations))
 
 
-def _releases(request: Request) -> ReleaseLedger:
-    # Until `Ledger` declares the release methods (both backends implement them), the type says so.
-    return cast(ReleaseLedger, ledger_of(request))
+async def _check_label_still_its_own(request: Request, release: Release) -> None:
+    """A promoted release rolled back by hand moves its label back to its baseline: only while the
+    label still points at its candidate and no later release holds the label (409 otherwise), so
+    an old release never undoes what came after it."""
+    ledger = ledger_of(request)
+    for other in await ledger.list_releases(active=True):
+        if (other.resource, other.label) == (release.resource, release.label):
+            raise ResourceConflict(
+                release.resource,
+                f"label {release.label!r} is held by release {other.release_id!r}, which is {other.state}",
+            )
+    pointed = {label.label: label.version for label in await ledger.list_labels(release.resource)}
+    if pointed.get(release.label) != release.candidate:
+        raise ResourceConflict(
+            release.resource,
+            f"label {release.label!r} points at version {pointed.get(release.label)} now, not at this "
+            f"release's candidate {release.candidate}: move it by hand instead",
+        )
 
 
 async def _get(request: Request, release_id: str) -> Release:
-    release = await _releases(request).get_release(release_id)
+    release = await ledger_of(request).get_release(release_id)
     if release is None:
         raise ResourceNotFound(_subject(release_id))
     return release

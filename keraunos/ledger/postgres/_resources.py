@@ -207,6 +207,13 @@ async def labels_of(conn: asyncpg.Connection, name: str) -> list[Label]:
     ]
 
 
+def _held_refusal(label: str, release_id: str, state: str) -> str:
+    return (
+        f"label {label!r} is held by release {release_id!r}, which is {state}: "
+        "abort or roll back the release to move the label by hand"
+    )
+
+
 async def move_label(
     conn: asyncpg.Connection,
     name: str,
@@ -232,6 +239,14 @@ async def move_label(
         label,
     )
     current = None if found is None else int(found[0])
+    held = await conn.fetchrow(
+        "SELECT release_id, state FROM releases WHERE resource = $1 AND label = $2 "
+        "AND state NOT IN ('promoted', 'rolled_back', 'aborted')",
+        resource,
+        label,
+    )
+    if held is not None:  # a release moves its label by its own steps only
+        raise ResourceConflict(name, _held_refusal(label, held[0], held[1]))
     if expected is not None and (current or 0) != expected:
         raise ResourceConflict(name, _cas_refusal(label, current, expected))
     if found is not None and current == version:  # already there: nothing to record

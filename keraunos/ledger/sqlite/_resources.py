@@ -148,6 +148,13 @@ def push(conn: sqlite3.Connection, new: NewVersion, now: float) -> tuple[Resourc
     return stored, True
 
 
+def _held_refusal(label: str, release_id: str, state: str) -> str:
+    return (
+        f"label {label!r} is held by release {release_id!r}, which is {state}: "
+        "abort or roll back the release to move the label by hand"
+    )
+
+
 def move_label(
     conn: sqlite3.Connection,
     name: str,
@@ -178,6 +185,13 @@ def move_label(
         (resource, label),
     ).fetchone()
     pointed: int | None = None if current is None else current[0]
+    held = conn.execute(
+        "SELECT release_id, state FROM releases WHERE resource = ? AND label = ? "
+        "AND state NOT IN ('promoted', 'rolled_back', 'aborted')",
+        (resource, label),
+    ).fetchone()
+    if held is not None:  # a release moves its label by its own steps only
+        raise ResourceConflict(name, _held_refusal(label, held[0], held[1]))
     if expected is not None and (pointed or 0) != expected:
         raise ResourceConflict(name, _cas_refusal(label, pointed, expected))
     if current is not None and pointed == version:
