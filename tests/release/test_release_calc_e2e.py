@@ -16,6 +16,9 @@ promoted, and the broken one released against the good one is rolled back by the
 the label staying at the good version and the candidate's rollouts marked excluded. The audit
 log verifies through the gateway, and `keraunos audit verify --db` names the entry edited in the
 stopped gateway's file.
+
+Opt-in (`pytest -m slow tests/release/test_release_calc_e2e.py`): about a minute once the model is
+cached, but building it first takes 2 to 4 minutes, which the suite's time on 2 cores cannot take.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from keraunos.testing.processes import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 #: The served model's name: the gateway sends it whatever the agent asked for.
 SERVED = "calc/demo-tiny"
@@ -104,7 +107,9 @@ def prepared_model() -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("opt-in: pytest -m slow tests/release/test_release_calc_e2e.py")
     base = tmp_path_factory.mktemp("release-calc")
     model = prepared_model()
     port = free_port()
