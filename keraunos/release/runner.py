@@ -54,7 +54,9 @@ class RunnerConfig(LayeredSettings):
 
     gateway: str = Field(default="http://127.0.0.1:8000", description="Base URL of the keraunos gateway.")
     key: str = Field(
-        default="", description="The gateway's server key, or a scoped key allowed to claim and decide."
+        default="",
+        description="The gateway's server key, or a scoped key of the approver or admin role (a decision may "
+        "promote, which moves a protected label).",
     )
     runner_id: str = Field(
         default="",
