@@ -14,7 +14,8 @@ One step (`TrainingLoop.step`):
 The run around it (`train`): read the dataset, start the embedded gateway and controller
 (`keraunos.training.stack`), open the backend (`keraunos.training.backends.open_backend`, restored
 from the newest checkpoint on resume), run the steps, checkpoint (every `checkpoint_every` steps:
-the weights with the loop's `RunState`, the commit point of a step), write the summary. The backend is
+the weights with the loop's `RunState`, the commit point of a step; with `publish_resource`, each
+checkpoint pushed as a weights version, `keraunos.training.publish`), write the summary. The backend is
 used only through the `Trainer` protocol (keraunos.training.trainer). Step records go to
 `RUN_DIR/metrics.jsonl`, TensorBoard and the console (`keraunos.training.records`) and to the
 Prometheus metrics (`keraunos.training.metrics`). See docs/training-loop.md.
@@ -43,6 +44,7 @@ from keraunos.training.collect import CollectedBatch, RolloutCollector
 from keraunos.training.dataset import endless_rows, read_dataset
 from keraunos.training.errors import TrainError
 from keraunos.training.metrics import TrainerMetrics, serve_trainer_metrics
+from keraunos.training.publish import CheckpointPublisher, read_published
 from keraunos.training.records import MetricsSink, keep_steps_before, read_record, step_metrics, summarize
 from keraunos.training.registry import EndpointRegistry, served_as
 from keraunos.training.stack import Child, start_controller, start_gateway
@@ -295,6 +297,14 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
         "pids": {child.name: child.process.pid for child in children},
     }
     (run_dir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n", encoding="utf-8")
+    publisher: CheckpointPublisher | None = None
+    if config.publish_resource:
+        publisher = CheckpointPublisher(config, gateway, key, collector_settings.run_id, run_dir)
+        try:
+            await publisher.check_label()  # a label only a release may move is refused before any step
+        except TrainError:
+            await publisher.close()
+            raise
 
     # Resumed: the first step no checkpoint covers, with the dataset where that checkpoint left it.
     state = trainer.restored or RunState()
@@ -302,6 +312,7 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     # Steps after the checkpoint resumed from are run again: their old lines go.
     keep_steps_before(metrics_path, first)
     keep_steps_before(run_dir / "consumed.jsonl", first)
+    keep_steps_before(run_dir / "published.jsonl", first)
     sink = MetricsSink(
         run_dir, total_steps=config.steps, progress=config.progress, tensorboard=config.tensorboard
     )
@@ -310,6 +321,11 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     try:
         watch()
         await registry.register(trainer.endpoints, trainer.version, served_as(trainer))
+        if publisher is not None and first:
+            # The checkpoint resumed from, pushed again: a run killed before its push gets it
+            # stored now, one that pushed it gets `created: false` (same content, nothing stored).
+            restored = await asyncio.to_thread(trainer.checkpoint, checkpoints, state)
+            await publisher.publish(first, restored, trainer.version)
         async with RolloutCollector(collector_settings) as collector:
             loop = TrainingLoop(
                 config,
@@ -337,15 +353,27 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
                 if last or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0):
                     sink.phase("checkpointing")
                     done = RunState(step + 1, state.rows_taken + source.taken, tuple(collector.pending()))
-                    await asyncio.to_thread(trainer.checkpoint, checkpoints, done)
+                    path = await asyncio.to_thread(trainer.checkpoint, checkpoints, done)
+                    if publisher is not None:
+                        await publisher.publish(step + 1, path, trainer.version)
     finally:
         await registry.unregister(trainer.endpoints)
         await registry.close()
+        if publisher is not None:
+            await publisher.close()
     history = [
         read_record(line) for line in sink.path.read_text(encoding="utf-8").splitlines() if line.strip()
     ]
     summary = summarize(history, time.perf_counter() - started)
     summary.update({"run_dir": str(run_dir), "metrics": str(sink.path), "gateway": gateway})
+    if publisher is not None:
+        published = read_published(run_dir)
+        summary["published_versions"] = [
+            {"step": p["step"], "version": p["version"]} for p in published if "version" in p
+        ]
+        summary["publish_failures"] = [
+            {"step": p["step"], "error": p["error"]} for p in published if "error" in p
+        ]
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 

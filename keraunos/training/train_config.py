@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
+from keraunos.protocol import ID_MAX_LENGTH, ID_RE, ID_RULE
 from keraunos.training._outcome import FailedPolicy
 from keraunos.training.advantages import Estimator
 from keraunos.training.trajectories import Level
@@ -241,6 +242,17 @@ class TrainConfig(LayeredSettings):
     keep_checkpoints: int = Field(
         default=2, ge=0, description="Keep the newest N checkpoints, remove older ones (0: keep all)."
     )
+    publish_resource: str = Field(
+        default="",
+        description="Push every checkpoint as the next version of this weights resource on the run's "
+        "gateway (location, served model name, weights version; docs/training-loop.md "
+        '"Publishing"); empty: nothing is published.',
+    )
+    publish_label: str = Field(
+        default="",
+        description="Move this label (e.g. candidate) to every version pushed; a protected one "
+        "(production) is refused: a release moves it.",
+    )
 
     # -- time constants -------------------------------------------------------------------------
     poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between collector polls.")
@@ -311,6 +323,16 @@ class TrainConfig(LayeredSettings):
                 raise ValueError(f"{url!r} is no http:// or https:// URL")
         return value
 
+    @field_validator("publish_resource", "publish_label")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        # The gateway's own rule for resource and label names, checked before the run starts.
+        if value and (len(value) > ID_MAX_LENGTH or not ID_RE.match(value)):
+            raise ValueError(f"{value!r} is no id: {ID_RULE}")
+        if value.isdigit():
+            raise ValueError(f"{value!r} is only digits, which would read as a version number")
+        return value
+
     @field_validator("agent_command", "engine_command")
     @classmethod
     def _splits(cls, value: str) -> str:
@@ -336,6 +358,8 @@ class TrainConfig(LayeredSettings):
             raise ValueError(
                 "exact_tokens starts the embedded gateway with it: start your gateway with --exact-tokens"
             )
+        if self.publish_label and not self.publish_resource:
+            raise ValueError("publish_label needs publish_resource: the resource whose label it is")
         if self.lora_rank and not self.lora_targets:
             raise ValueError("lora_target_modules names no module: give comma-separated layer names")
         if self.async_batch_size is not None and self.async_batch_size < self.batch_size:
