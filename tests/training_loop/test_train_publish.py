@@ -236,3 +236,24 @@ def test_publish_names_are_checked_before_the_run_starts(fields: dict[str, str],
 
     with pytest.raises(ValidationError, match=problem):
         TrainConfig(dataset="rows.jsonl", model="m", agent_class="a:B", **fields)
+
+
+def test_a_lora_runs_version_is_an_adapter_over_the_base_model_directory(tmp_path: Path) -> None:
+    from keraunos.training.publish import weights_content
+    from keraunos.training.train_config import TrainConfig
+
+    config = TrainConfig(
+        dataset="rows.jsonl",
+        model=str(tmp_path / "base"),
+        agent_class="a:B",
+        lora_rank=4,
+        served_model_name="pol",
+    )
+    content = weights_content(config, tmp_path / "run" / "checkpoints" / "step-3", 3)
+    assert content.model_dump(exclude_none=True) == {
+        "location": str(tmp_path / "run" / "checkpoints" / "step-3"),
+        "model": "pol",
+        "model_version": 3,
+        "adapter": True,
+        "base": str(tmp_path / "base"),
+    }
