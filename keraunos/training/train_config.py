@@ -240,7 +240,10 @@ class TrainConfig(LayeredSettings):
         "a killed run repeats at most the N-1 steps after its latest checkpoint.",
     )
     keep_checkpoints: int = Field(
-        default=2, ge=0, description="Keep the newest N checkpoints, remove older ones (0: keep all)."
+        default=2,
+        ge=0,
+        description="Keep the newest N checkpoints, remove older ones (0: keep all; with "
+        "publish_resource every checkpoint is kept, as its published version points at it).",
     )
     publish_resource: str = Field(
         default="",
@@ -360,6 +363,15 @@ class TrainConfig(LayeredSettings):
             )
         if self.publish_label and not self.publish_resource:
             raise ValueError("publish_label needs publish_resource: the resource whose label it is")
+        if self.publish_resource and self.keep_checkpoints:
+            # A published version points at its checkpoint directory: pruning would delete what the
+            # registry (and any release of it) points at. Unset, the default gives way to keeping all.
+            if "keep_checkpoints" in self.model_fields_set:
+                raise ValueError(
+                    f"keep_checkpoints {self.keep_checkpoints} would delete checkpoints that "
+                    f"publish_resource {self.publish_resource!r} points at: set keep_checkpoints: 0"
+                )
+            self.keep_checkpoints = 0
         if self.lora_rank and not self.lora_targets:
             raise ValueError("lora_target_modules names no module: give comma-separated layer names")
         if self.async_batch_size is not None and self.async_batch_size < self.batch_size:

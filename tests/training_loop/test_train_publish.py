@@ -227,6 +227,7 @@ def test_a_failed_publish_does_not_stop_the_run_and_is_in_the_summary(
         ({"publish_resource": "bad name"}, "is no id"),
         ({"publish_resource": RESOURCE, "publish_label": "42"}, "only digits"),
         ({"publish_label": "candidate"}, "publish_label needs publish_resource"),
+        ({"publish_resource": RESOURCE, "keep_checkpoints": "2"}, "would delete checkpoints"),
     ],
 )
 def test_publish_names_are_checked_before_the_run_starts(fields: dict[str, str], problem: str) -> None:
@@ -257,3 +258,11 @@ def test_a_lora_runs_version_is_an_adapter_over_the_base_model_directory(tmp_pat
         "adapter": True,
         "base": str(tmp_path / "base"),
     }
+
+
+def test_a_publishing_run_keeps_every_checkpoint_its_versions_point_at() -> None:
+    from keraunos.training.train_config import TrainConfig
+
+    publishing = TrainConfig(dataset="rows.jsonl", model="m", agent_class="a:B", publish_resource=RESOURCE)
+    assert publishing.keep_checkpoints == 0
+    assert TrainConfig(dataset="rows.jsonl", model="m", agent_class="a:B").keep_checkpoints == 2
