@@ -20,6 +20,10 @@ issue 25 beside them.
 
     python benchmarks/agl_rows.py --rounds 3 --out /tmp/agl-rows            # keraunos first
     python benchmarks/agl_rows.py --rounds 3 --order agl-first --out /tmp/agl-rows-b
+
+Before each round a short run of the round's first server (2 s loads, 500 rollouts) is thrown
+away (`--no-warmup` to skip it): pairs e and f showed the first run of a round measuring slow
+whichever server it was, an order effect larger than the differences measured.
 """
 
 from __future__ import annotations
@@ -71,6 +75,11 @@ def main() -> None:
     loads: list[str] = []
     try:
         for round_no in range(1, args.rounds + 1):
+            if args.warmup:
+                # The first run of a round measured slow whichever server it was (pairs e and f):
+                # a short run of that server, thrown away, takes the hit instead.
+                loads.append(f"round {round_no} warm-up ({order[0]}): {_uptime()}")
+                _run_harness(args, servers[order[0]], scratch / f"warmup{round_no}.json", warmup=True)
             for name in order:
                 loads.append(f"round {round_no} {name}: {_uptime()}")
                 path = out / f"round{round_no}-{name}.json"
@@ -101,6 +110,12 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=6.0, help="seconds of each proxy load")
     parser.add_argument("--lifecycle-rollouts", type=int, default=5000, help="rollouts enqueued, 100 a POST")
     parser.add_argument("--nice", type=int, default=-10, help="the harness's --nice (needs root)")
+    parser.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before each round, a short run of its first server, thrown away (pairs a-f ran without)",
+    )
     parser.add_argument("--harness", default=str(HARNESS))
     parser.add_argument("--port", type=int, default=38180, help="the gateway's (not the harness's default)")
     parser.add_argument("--mock-port", type=int, default=38190)
@@ -120,7 +135,9 @@ def _keraunos_wrapper(scratch: Path) -> Path:
     return wrapper
 
 
-def _run_harness(args: argparse.Namespace, server: list[str], path: Path) -> None:
+def _run_harness(args: argparse.Namespace, server: list[str], path: Path, *, warmup: bool = False) -> None:
+    duration = min(args.duration, 2.0) if warmup else args.duration
+    rollouts = min(args.lifecycle_rollouts, 500) if warmup else args.lifecycle_rollouts
     command = [
         args.harness,
         *server,
@@ -133,11 +150,11 @@ def _run_harness(args: argparse.Namespace, server: list[str], path: Path) -> Non
         "--runs",
         "1",
         "--duration",
-        str(args.duration),
+        str(duration),
         "--triplet-sizes",
         "10",
         "--lifecycle-rollouts",
-        str(args.lifecycle_rollouts),
+        str(rollouts),
         "--lifecycle-batch",
         "100",
         "--port",
@@ -191,7 +208,8 @@ def _summary(figures: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
 
 def _report(args: argparse.Namespace, summary: dict[str, Any], loads: list[str]) -> str:
     lines = [
-        f"# Issue 25 rows: keraunos against Agent Lightning 1.0.2 ({args.rounds} rounds, {args.order})",
+        f"# Issue 25 rows: keraunos against Agent Lightning 1.0.2 ({args.rounds} rounds, {args.order}, "
+        f"{'a warm-up run before each round' if args.warmup else 'no warm-up'})",
         "",
         "Cells are min / **median** / max over the rounds; ratio = keraunos median / v1.0 median.",
         "",
