@@ -389,7 +389,9 @@ def decide_canary(stats: CanaryStats) -> Decision:
             )
     if reasons:
         return Decision("rollback", "baseline", tuple(reasons), evidence)
-    return _reward_decision(lower, upper, stats.rollouts, config.budget_rollouts, config, evidence)
+    return _reward_decision(
+        lower, upper, stats.rollouts, config.budget_rollouts, config, evidence, "rollouts"
+    )
 
 
 def _reward_decision(
@@ -399,6 +401,7 @@ def _reward_decision(
     limit: int | None,
     config: ReleaseStatsConfig,
     evidence: dict[str, float],
+    unit: str,
 ) -> Decision:
     verdict = int(reward_verdict(lower, upper, config))
     if verdict == ROLLBACK:
@@ -423,7 +426,7 @@ def _reward_decision(
         return Decision(
             "budget_exhausted",
             config.on_budget_exhausted,
-            (f"no decision within {limit} rollouts: [{lower:.3f}, {upper:.3f}] still holds both outcomes",),
+            (f"no decision within {limit} {unit}: [{lower:.3f}, {upper:.3f}] still holds both outcomes",),
             evidence,
         )
     return Decision("continue", None, (), evidence)
@@ -489,4 +492,4 @@ def decide_replay(stats: ReplayStats) -> Decision:
     if error_lower > config.error_tolerance:
         reason = f"error rate: the candidate errs credibly more often than the baseline on the same inputs (lower bound {error_lower:.3f})"
         return Decision("rollback", "baseline", (reason,), evidence)
-    return _reward_decision(lower, upper, stats.pairs, config.replay_budget_pairs, config, evidence)
+    return _reward_decision(lower, upper, stats.pairs, config.replay_budget_pairs, config, evidence, "pairs")
