@@ -3,8 +3,7 @@
 SQLite and PostgreSQL keep a rollout in the same columns (`ROLLOUT_COLUMNS`): the input, config and
 metadata as the codec's exact JSON, the status fields as plain columns. This module turns a
 `RolloutCreate` into those values and a row back into a `Rollout`, and says which states a patch
-may move a rollout out of, so the backends differ only in their SQL. It also reads a `reward`
-event's value the way a release's statistics take it (`reward_value`).
+may move a rollout out of, so the backends differ only in their SQL.
 """
 
 from __future__ import annotations
@@ -161,16 +160,3 @@ def fence_from_row(row: Any) -> AttemptFence:
         last_attempt_id,
         None if attempt_state is None else AttemptState(attempt_state),
     )
-
-
-def reward_value(data: dict[str, Any]) -> float | None:
-    """A `reward` event's value as the statistics take it: a finite number, else None (a missing,
-    null, non-numeric or non-finite value is no reward)."""
-    value = data.get("value")
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:  # an integer beyond any float
-        return None
-    return value if math.isfinite(value) else None

@@ -24,7 +24,7 @@ step's entry carries the label's version before and after, and the release's sta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,9 +32,9 @@ import asyncpg
 import orjson
 
 from keraunos.audit import AuditDraft
-from keraunos.ledger._rows import group_id_of, insert_values, reward_value
+from keraunos.ledger._registry_rows import observation_from, release_from_row
+from keraunos.ledger._rows import group_id_of, insert_values
 from keraunos.ledger.base import NewRelease
-from keraunos.ledger.codec import decode_json
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
 from keraunos.ledger.postgres import _resources as registry
 from keraunos.protocol import RolloutCreate
@@ -164,37 +164,10 @@ def _subject(release_id: str) -> str:
     return f"release:{release_id}"
 
 
-def _release(row: Sequence[Any]) -> Release:
-    (release_id, resource, label, baseline, candidate, plan, state, stage, waiting_for, step, share) = row[
-        :11
-    ]
-    reason, evidence, created_at, updated_at, created_by, runner, lease_expires_at = row[11:18]
-    return Release(
-        release_id=release_id,
-        resource=resource,
-        label=label,
-        baseline=baseline,
-        candidate=candidate,
-        plan=orjson.loads(plan),
-        state=state,
-        stage=stage,
-        waiting_for=waiting_for,
-        step=step,
-        share=share,
-        reason=reason,
-        evidence=None if evidence is None else orjson.loads(evidence),
-        created_at=created_at,
-        updated_at=updated_at,
-        created_by=created_by,
-        runner=runner,
-        lease_expires_at=lease_expires_at,
-    )
-
-
 async def _reread(conn: asyncpg.Connection, release_id: str) -> Release:
     row = await conn.fetchrow(_SELECT_RELEASE, release_id)
     assert row is not None, f"release {release_id}: its row is gone inside the transaction"
-    return _release(tuple(row))
+    return release_from_row(tuple(row))
 
 
 # -- writes ---------------------------------------------------------------------------------------
@@ -322,7 +295,7 @@ async def claim(conn: asyncpg.Connection, runner: str, lease_seconds: float, now
     """Take or renew every active release's lease that is free, expired or `runner`'s own
     (`Ledger.claim_releases`); the releases `runner` holds afterwards, oldest first."""
     rows = await conn.fetch(_CLAIM, runner, now + lease_seconds, now)
-    return [_release(tuple(row)[1:]) for row in rows]
+    return [release_from_row(tuple(row)[1:]) for row in rows]
 
 
 async def apply_step(
@@ -417,12 +390,14 @@ async def take_canaries(
 
 async def get(conn: asyncpg.Connection, release_id: str) -> Release | None:
     row = await conn.fetchrow(_SELECT_RELEASE, release_id)
-    return None if row is None else _release(tuple(row))
+    return None if row is None else release_from_row(tuple(row))
 
 
 async def listed(conn: asyncpg.Connection, active: bool) -> list[Release]:
     where = f" WHERE x.{_ACTIVE}" if active else ""
-    return [_release(tuple(row)) for row in await conn.fetch(f"{_SELECT_RELEASES}{where} ORDER BY x.id")]
+    return [
+        release_from_row(tuple(row)) for row in await conn.fetch(f"{_SELECT_RELEASES}{where} ORDER BY x.id")
+    ]
 
 
 async def observations(
@@ -435,29 +410,7 @@ async def observations(
     after = min(max(0, after), _MAX)
     upper = min(after + max(0, limit), _MAX)  # a bigint, whatever `after` and `limit` ask
     rows = await conn.fetch(_PHASES[phase], release_id, after, upper)
-    return [_observation(tuple(row)) for row in rows]
-
-
-def _observation(row: Sequence[Any]) -> Observation:
-    position, rollout_id, arm, share, replay_index, state, created_at, updated_at, reward, events = row
-    if state not in ("succeeded", "failed"):
-        return Observation(
-            position=position,
-            rollout_id=rollout_id,
-            arm=arm,
-            share=share,
-            replay_index=replay_index,
-            finished=False,
-        )
-    return Observation(
-        position=position,
-        rollout_id=rollout_id,
-        arm=arm,
-        share=share,
-        replay_index=replay_index,
-        finished=True,
-        reward=None if reward is None else reward_value(decode_json(bytes(reward))),
-        error=state == "failed",
-        latency_s=max(0.0, updated_at - created_at),
-        events=list(events),
-    )
+    return [
+        observation_from(position, rid, arm, share, index, state, created, updated, reward, events)
+        for position, rid, arm, share, index, state, created, updated, reward, events in rows
+    ]

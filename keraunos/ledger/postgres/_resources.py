@@ -27,6 +27,7 @@ import asyncpg
 import orjson
 
 from keraunos.audit import GENESIS, AuditDraft, AuditEntry, chain
+from keraunos.ledger._registry_rows import AUDIT_COLUMNS, audit_entry_from_row, stored_json, version_from_row
 from keraunos.ledger.base import Assignment, AuditHead, NewVersion
 from keraunos.ledger.errors import LedgerError, ResourceConflict, ResourceNotFound
 from keraunos.ledger.postgres import _releases as releases
@@ -98,7 +99,6 @@ LEFT JOIN resource_versions v ON v.resource = rr.resource AND v.version = rr.ver
 WHERE ro.rollout_id = $1
 ORDER BY r.name COLLATE "C"
 """
-_AUDIT_COLUMNS = "seq, at, actor, action, subject, before, after, evidence, reason, prev_hash, hash"
 # One statement, one snapshot: the count and the last hash agree. A counter row deleted from the
 # database reads as 0, so the entries stored then fail the count check.
 _SELECT_HEAD = """
@@ -174,7 +174,7 @@ async def push(conn: asyncpg.Connection, new: NewVersion, now: float) -> tuple[R
 async def get_version(conn: asyncpg.Connection, name: str, version: int) -> ResourceVersion | None:
     """One version of a resource, or None."""
     row = await conn.fetchrow(_SELECT_VERSION, name, version)
-    return None if row is None else _version_from_row(row)
+    return None if row is None else version_from_row(row)
 
 
 async def history(conn: asyncpg.Connection, name: str) -> list[ResourceVersion]:
@@ -182,7 +182,7 @@ async def history(conn: asyncpg.Connection, name: str) -> list[ResourceVersion]:
     rows = await conn.fetch(_SELECT_HISTORY, name)
     if not rows:
         raise ResourceNotFound(name)
-    return [_version_from_row(row) for row in rows]
+    return [version_from_row(row) for row in rows]
 
 
 async def summaries(conn: asyncpg.Connection) -> list[ResourceSummary]:
@@ -349,7 +349,7 @@ async def assignments(conn: asyncpg.Connection, rollout_id: str) -> dict[str, As
         return None
     return {
         row[1]: Assignment(
-            version=_version_from_row(tuple(row)[1:10]),
+            version=version_from_row(tuple(row)[1:10]),
             selector=row[0],
             release_id=row[10],
             arm=row[11],
@@ -379,15 +379,15 @@ async def append(conn: asyncpg.Connection, draft: AuditDraft, now: float) -> Aud
     # `at` as a float: the hash covers its JSON, and the column reads back as a float.
     entry = chain(draft, seq=seq, at=float(now), prev_hash=prev if prev is not None else GENESIS)
     await conn.execute(
-        f"INSERT INTO audit_log ({_AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        f"INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         entry.seq,
         entry.at,
         entry.actor,
         entry.action,
         entry.subject,
-        _json(entry.before),
-        _json(entry.after),
-        None if entry.evidence is None else _json(entry.evidence),
+        stored_json(entry.before),
+        stored_json(entry.after),
+        None if entry.evidence is None else stored_json(entry.evidence),
         entry.reason,
         entry.prev_hash,
         entry.hash,
@@ -400,24 +400,9 @@ async def audit_page(conn: asyncpg.Connection, after: int, limit: int) -> list[A
     after = min(max(0, after), 2**63 - 1)
     upper = min(after + max(0, limit), 2**63 - 1)  # a bigint, whatever `after` and `limit` ask
     rows = await conn.fetch(
-        f"SELECT {_AUDIT_COLUMNS} FROM audit_log WHERE seq > $1 AND seq <= $2 ORDER BY seq", after, upper
+        f"SELECT {AUDIT_COLUMNS} FROM audit_log WHERE seq > $1 AND seq <= $2 ORDER BY seq", after, upper
     )
-    return [
-        AuditEntry(
-            seq=seq,
-            at=at,
-            actor=actor,
-            action=action,
-            subject=subject,
-            before=orjson.loads(before),
-            after=orjson.loads(after_),
-            evidence=None if evidence is None else orjson.loads(evidence),
-            reason=reason,
-            prev_hash=prev_hash,
-            hash=hash_,
-        )
-        for seq, at, actor, action, subject, before, after_, evidence, reason, prev_hash, hash_ in rows
-    ]
+    return [audit_entry_from_row(tuple(row)) for row in rows]
 
 
 async def head(conn: asyncpg.Connection) -> AuditHead:
@@ -429,27 +414,6 @@ async def head(conn: asyncpg.Connection) -> AuditHead:
 
 
 # -- rows -----------------------------------------------------------------------------------------
-
-
-def _json(value: Any) -> str:
-    """JSON text as the audit chain hashes it (orjson: NaN and infinities are written as null)."""
-    return orjson.dumps(value).decode()
-
-
-def _version_from_row(row: Any) -> ResourceVersion:
-    """A version from (name, kind, version, content, hash, message, parent, created_at, created_by)."""
-    name, kind, version, content, hash_, message, parent, created_at, created_by = row
-    return ResourceVersion(
-        name=name,
-        version=version,
-        kind=kind,
-        content=orjson.loads(content),
-        hash=hash_,
-        message=message,
-        parent=parent,
-        created_at=created_at,
-        created_by=created_by,
-    )
 
 
 async def _not_found(conn: asyncpg.Connection, name: str, what: str) -> ResourceNotFound:

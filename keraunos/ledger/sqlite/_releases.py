@@ -13,16 +13,15 @@ without a `label.move` entry of its own: the step's entry carries the label's be
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
 
 from keraunos.audit import AuditDraft
-from keraunos.ledger._rows import insert_values, reward_value
+from keraunos.ledger._registry_rows import observation_from, release_from_row
+from keraunos.ledger._rows import insert_values
 from keraunos.ledger.base import NewRelease
-from keraunos.ledger.codec import decode_json
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
 from keraunos.ledger.sqlite import _resources as registry
 from keraunos.release.plan import Observation, Release, Step
@@ -111,33 +110,6 @@ def canary(conn: sqlite3.Connection, resource: int, label: str) -> Canary | None
     return None if row is None else Canary(*row)
 
 
-def _release(row: Sequence[Any]) -> Release:
-    (release_id, resource, label, baseline, candidate, plan, state, stage, waiting_for, step, share) = row[
-        :11
-    ]
-    reason, evidence, created_at, updated_at, created_by, runner, lease_expires_at = row[11:]
-    return Release(
-        release_id=release_id,
-        resource=resource,
-        label=label,
-        baseline=baseline,
-        candidate=candidate,
-        plan=orjson.loads(plan),
-        state=state,
-        stage=stage,
-        waiting_for=waiting_for,
-        step=step,
-        share=share,
-        reason=reason,
-        evidence=None if evidence is None else orjson.loads(evidence),
-        created_at=created_at,
-        updated_at=updated_at,
-        created_by=created_by,
-        runner=runner,
-        lease_expires_at=lease_expires_at,
-    )
-
-
 def _subject(release_id: str) -> str:
     return f"release:{release_id}"
 
@@ -214,7 +186,7 @@ def create(conn: sqlite3.Connection, new: NewRelease, now: float) -> Release:
         reason=first.reason,
     )
     registry.append(conn, draft, now)
-    return _release(conn.execute(_SELECT_RELEASE, (new.release_id,)).fetchone())
+    return release_from_row(conn.execute(_SELECT_RELEASE, (new.release_id,)).fetchone())
 
 
 def _create_replay(
@@ -251,7 +223,7 @@ def claim(conn: sqlite3.Connection, runner: str, lease_seconds: float, now: floa
         (runner, now + lease_seconds, now),
     )
     rows = conn.execute(f"{_SELECT_RELEASES} WHERE x.runner = ? AND x.{_ACTIVE} ORDER BY x.id", (runner,))
-    return [_release(row) for row in rows]
+    return [release_from_row(row) for row in rows]
 
 
 def apply_step(
@@ -322,7 +294,7 @@ def apply_step(
         reason=step.reason,
     )
     registry.append(conn, draft, now)
-    return _release(conn.execute(_SELECT_RELEASE, (release_id,)).fetchone())
+    return release_from_row(conn.execute(_SELECT_RELEASE, (release_id,)).fetchone())
 
 
 # -- reads -----------------------------------------------------------------------------------------
@@ -330,12 +302,12 @@ def apply_step(
 
 def get(conn: sqlite3.Connection, release_id: str) -> Release | None:
     row = conn.execute(_SELECT_RELEASE, (release_id,)).fetchone()
-    return None if row is None else _release(row)
+    return None if row is None else release_from_row(row)
 
 
 def listed(conn: sqlite3.Connection, active: bool) -> list[Release]:
     where = f" WHERE x.{_ACTIVE}" if active else ""
-    return [_release(row) for row in conn.execute(f"{_SELECT_RELEASES}{where} ORDER BY x.id")]
+    return [release_from_row(row) for row in conn.execute(f"{_SELECT_RELEASES}{where} ORDER BY x.id")]
 
 
 def observations(
@@ -349,30 +321,10 @@ def observations(
     limit = min(max(0, limit), _MAX_ROWS - after)
     sql = _SELECT_CANARY if phase == "canary" else _SELECT_REPLAY
     rows = conn.execute(sql, (release_id, limit, after)).fetchall()
-    return [_observation(after + offset, row) for offset, row in enumerate(rows, start=1)]
-
-
-def _observation(position: int, row: Sequence[Any]) -> Observation:
-    rollout_id, arm, share, replay_index, state, created_at, updated_at, reward, events = row
-    finished = state in ("succeeded", "failed")
-    if not finished:
-        return Observation(
-            position=position,
-            rollout_id=rollout_id,
-            arm=arm,
-            share=share,
-            replay_index=replay_index,
-            finished=False,
+    observations: list[Observation] = []
+    for offset, (rid, arm, share, index, state, created, updated, reward, events) in enumerate(rows, 1):
+        types = () if events is None else orjson.loads(events)  # NULL until the rollout finishes
+        observations.append(
+            observation_from(after + offset, rid, arm, share, index, state, created, updated, reward, types)
         )
-    return Observation(
-        position=position,
-        rollout_id=rollout_id,
-        arm=arm,
-        share=share,
-        replay_index=replay_index,
-        finished=True,
-        reward=None if reward is None else reward_value(decode_json(reward)),
-        error=state == "failed",
-        latency_s=max(0.0, updated_at - created_at),
-        events=orjson.loads(events),
-    )
+    return observations

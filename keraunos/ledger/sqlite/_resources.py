@@ -17,16 +17,20 @@ from typing import Any
 import orjson
 
 from keraunos.audit import GENESIS, AuditDraft, AuditEntry, chain
+from keraunos.ledger._registry_rows import (
+    AUDIT_COLUMNS,
+    VERSION_COLUMNS,
+    audit_entry_from_row,
+    stored_json,
+    version_from_row,
+)
 from keraunos.ledger.base import Assignment, AuditHead, NewVersion
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound, RolloutNotFound
 from keraunos.ledger.sqlite import _releases as releases
 from keraunos.protocol import ResourceSelector
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
-_VERSION_COLUMNS = (
-    "r.name, v.version, r.kind, v.content, v.hash, v.message, v.parent, v.created_at, v.created_by"
-)
-_SELECT_VERSIONS = f"SELECT {_VERSION_COLUMNS} FROM resources r JOIN resource_versions v ON v.resource = r.id WHERE r.name = ?"
+_SELECT_VERSIONS = f"SELECT {VERSION_COLUMNS} FROM resources r JOIN resource_versions v ON v.resource = r.id WHERE r.name = ?"
 _SELECT_LATEST = f"{_SELECT_VERSIONS} ORDER BY v.version DESC LIMIT 1"
 _SELECT_VERSION = f"{_SELECT_VERSIONS} AND v.version = ?"
 _INSERT_VERSION = (
@@ -50,7 +54,7 @@ _SELECT_SUMMARIES = (
 # A rollout's row joined with its assignments (none: one row of NULLs, telling "no assignments"
 # from "no rollout" in the same statement).
 _SELECT_ASSIGNMENTS = (
-    f"SELECT {_VERSION_COLUMNS}, a.selector, a.release_id, a.arm, a.share, a.replay_index, a.excluded "
+    f"SELECT {VERSION_COLUMNS}, a.selector, a.release_id, a.arm, a.share, a.replay_index, a.excluded "
     "FROM rollouts ro "
     "LEFT JOIN rollout_resources a ON a.rollout = ro.id "
     "LEFT JOIN resources r ON r.id = a.resource "
@@ -61,27 +65,11 @@ _INSERT_ASSIGNMENT = (
     "INSERT INTO rollout_resources (rollout, resource, version, selector, release_id, arm, share) "
     "SELECT id, ?, ?, ?, ?, ?, ? FROM rollouts WHERE rollout_id = ?"
 )
-_AUDIT_COLUMNS = "seq, at, actor, action, subject, before, after, evidence, reason, prev_hash, hash"
 # A counter row deleted from the file reads as 0: the entries stored then fail the count check.
 _SELECT_HEAD = (
     "SELECT coalesce((SELECT value FROM counters WHERE name = 'audit_entries'), 0), "
     "(SELECT hash FROM audit_log ORDER BY seq DESC LIMIT 1)"
 )
-
-
-def _version(row: Sequence[Any]) -> ResourceVersion:
-    name, version, kind, content, hash_, message, parent, created_at, created_by = row
-    return ResourceVersion(
-        name=name,
-        version=version,
-        kind=kind,
-        content=orjson.loads(content),
-        hash=hash_,
-        message=message,
-        parent=parent,
-        created_at=created_at,
-        created_by=created_by,
-    )
 
 
 # -- writes (in the writer's transaction) ----------------------------------------------------------
@@ -107,7 +95,7 @@ def push(conn: sqlite3.Connection, new: NewVersion, now: float) -> tuple[Resourc
             raise ResourceConflict(
                 new.name, f"is a {kind} resource; a {new.kind} push cannot be one of its versions"
             )
-        latest = _version(conn.execute(_SELECT_LATEST, (new.name,)).fetchone())
+        latest = version_from_row(conn.execute(_SELECT_LATEST, (new.name,)).fetchone())
         if latest.hash == new.hash:
             return latest, False  # a retried push, or nothing new: store nothing
         if (
@@ -284,16 +272,16 @@ def append(conn: sqlite3.Connection, draft: AuditDraft, now: float) -> AuditEntr
     # `at` as a float: the hash covers its JSON, and the REAL column reads back as a float.
     entry = chain(draft, seq=count + 1, at=float(now), prev_hash=last or GENESIS)
     conn.execute(
-        f"INSERT INTO audit_log ({_AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO audit_log ({AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             entry.seq,
             entry.at,
             entry.actor,
             entry.action,
             entry.subject,
-            orjson.dumps(entry.before).decode(),
-            orjson.dumps(entry.after).decode(),
-            None if entry.evidence is None else orjson.dumps(entry.evidence).decode(),
+            stored_json(entry.before),
+            stored_json(entry.after),
+            None if entry.evidence is None else stored_json(entry.evidence),
             entry.reason,
             entry.prev_hash,
             entry.hash,
@@ -310,12 +298,12 @@ def history(conn: sqlite3.Connection, name: str) -> list[ResourceVersion]:
     rows = conn.execute(f"{_SELECT_VERSIONS} ORDER BY v.version DESC", (name,)).fetchall()
     if not rows:
         raise ResourceNotFound(name)
-    return [_version(row) for row in rows]
+    return [version_from_row(row) for row in rows]
 
 
 def get_version(conn: sqlite3.Connection, name: str, version: int) -> ResourceVersion | None:
     row = conn.execute(_SELECT_VERSION, (name, version)).fetchone()
-    return None if row is None else _version(row)
+    return None if row is None else version_from_row(row)
 
 
 def summaries(conn: sqlite3.Connection) -> list[ResourceSummary]:
@@ -341,7 +329,7 @@ def assignments(conn: sqlite3.Connection, rollout_id: str) -> dict[str, Assignme
         raise RolloutNotFound(rollout_id)
     return {
         row[0]: Assignment(
-            version=_version(row[:9]),
+            version=version_from_row(row[:9]),
             selector=row[9],
             release_id=row[10],
             arm=row[11],
@@ -358,24 +346,9 @@ def list_audit(conn: sqlite3.Connection, after: int, limit: int) -> list[AuditEn
     after = min(max(0, after), 2**63 - 1)
     upper = min(after + max(0, limit), 2**63 - 1)  # a column's range, whatever `limit` asks
     rows = conn.execute(
-        f"SELECT {_AUDIT_COLUMNS} FROM audit_log WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upper)
+        f"SELECT {AUDIT_COLUMNS} FROM audit_log WHERE seq > ? AND seq <= ? ORDER BY seq", (after, upper)
     )
-    return [
-        AuditEntry(
-            seq=seq,
-            at=at,
-            actor=actor,
-            action=action,
-            subject=subject,
-            before=orjson.loads(before),
-            after=orjson.loads(after_),
-            evidence=None if evidence is None else orjson.loads(evidence),
-            reason=reason,
-            prev_hash=prev_hash,
-            hash=hash_,
-        )
-        for seq, at, actor, action, subject, before, after_, evidence, reason, prev_hash, hash_ in rows
-    ]
+    return [audit_entry_from_row(row) for row in rows]
 
 
 def head(conn: sqlite3.Connection) -> AuditHead:
