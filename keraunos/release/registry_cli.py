@@ -12,81 +12,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 import yaml
-from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from keraunos.audit import AuditEntry, ChainReport, verify_chain
-from keraunos.controller.client import GatewayError
-from keraunos.errors import KeraunosError, exit_status
-from keraunos.release.registry_client import AUDIT_PAGE, RegistryClient, refused_by_caller
+from keraunos.release._cli import (
+    DEFAULT_GATEWAY,
+    GATEWAY_ENV,
+    KEY_ENV,
+    GatewayOption,
+    JsonOption,
+    KeyOption,
+    fail,
+    one_line,
+    print_json,
+    read_text,
+    typer_app,
+    when,
+)
+from keraunos.release.registry_client import AUDIT_PAGE, RegistryClient
 from keraunos.resources import LabelMove, ResourceKind, ResourcePush, ResourceVersion, normalized_content
-
-GATEWAY_ENV = "KERAUNOS_GATEWAY_URL"
-KEY_ENV = "KERAUNOS_GATEWAY_KEY"
-#: The same default as the controller's `--gateway`.
-DEFAULT_GATEWAY = "http://127.0.0.1:8000"
-
-GatewayOption = Annotated[
-    str,
-    typer.Option("--gateway", envvar=GATEWAY_ENV, help="Base URL of the keraunos gateway.", metavar="URL"),
-]
-KeyOption = Annotated[
-    str,
-    typer.Option(
-        "--key",
-        envvar=KEY_ENV,
-        help="The gateway's server key, or a scoped key allowed this action. [default: none]",
-        show_default=False,
-        metavar="KEY",
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
-
-
-def _fail(message: str, status: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(status)
-
-
-@contextmanager
-def _one_line() -> Iterator[None]:
-    """Turn every error of the tree (and a body that does not validate) into one line and its status."""
-    try:
-        yield
-    except GatewayError as exc:
-        _fail(str(exc), 2 if refused_by_caller(exc) else 1)
-    except KeraunosError as exc:
-        _fail(str(exc), exit_status(exc))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        _fail(f"{where}: {first['msg']}", 2)
 
 
 def _client(gateway: str, key: str) -> RegistryClient:
     return RegistryClient(gateway, key)
-
-
-def _print_json(value: Any) -> None:
-    if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
-    elif isinstance(value, list):
-        value = [item.model_dump(mode="json") if isinstance(item, BaseModel) else item for item in value]
-    typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-def _when(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _short(value: Any, width: int = 40) -> str:
@@ -104,17 +60,6 @@ def _entries(count: int) -> str:
     return f"{count} entry" if count == 1 else f"{count} entries"
 
 
-def _app(name: str, help_text: str, **kwargs: Any) -> typer.Typer:
-    return typer.Typer(
-        name=name,
-        help=help_text,
-        add_completion=False,
-        pretty_exceptions_enable=False,
-        rich_markup_mode=None,
-        **kwargs,
-    )
-
-
 # -- keraunos resource -------------------------------------------------------------------------------
 
 
@@ -128,14 +73,14 @@ def _content(
         if value is not None
     ]
     if len(given) != 1:
-        _fail("give the content with exactly one of --file, --template, --template-file", 2)
+        fail("give the content with exactly one of --file, --template, --template-file", 2)
     if file is None:
         if kind != "prompt":
-            _fail(f"{given[0]} makes a prompt; a {kind} resource takes its content with --file", 2)
+            fail(f"{given[0]} makes a prompt; a {kind} resource takes its content with --file", 2)
         if template_file is not None:
-            template = _read_text(template_file)
+            template = read_text(template_file)
         return {"template": template}
-    text = _read_text(file)
+    text = read_text(file)
     suffix = file.suffix.lower()
     try:
         if suffix == ".json":
@@ -143,19 +88,12 @@ def _content(
         elif suffix in (".yaml", ".yml"):
             content = yaml.safe_load(text)
         else:
-            _fail(f"{file}: give a .json, .yaml or .yml file", 2)
+            fail(f"{file}: give a .json, .yaml or .yml file", 2)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        _fail(f"{file} does not parse: {' '.join(str(exc).split())}", 2)
+        fail(f"{file} does not parse: {' '.join(str(exc).split())}", 2)
     if not isinstance(content, dict):
-        _fail(f"{file} must hold a mapping of the {kind} content's fields", 2)
+        fail(f"{file} must hold a mapping of the {kind} content's fields", 2)
     return content
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"cannot read {path}: {exc}", 2)
 
 
 def push(
@@ -187,13 +125,13 @@ def push(
 ) -> None:
     """Push new content as the resource's next version (nothing changes when it equals the latest)."""
     content = _content(kind, file, template, template_file)
-    with _one_line():
+    with one_line():
         normalized_content(name, kind, content)  # the gateway checks too; this names the problem sooner
         body = ResourcePush(kind=kind, content=content, message=message, parent=parent)
         with _client(gateway, key) as client:
             result = client.push(name, body)
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     version = result.version
     if result.created:
@@ -206,22 +144,22 @@ def list_resources(
     gateway: GatewayOption = DEFAULT_GATEWAY, key: KeyOption = "", as_json: JsonOption = False
 ) -> None:
     """List every resource with its kind, latest version and labels."""
-    with _one_line(), _client(gateway, key) as client:
+    with one_line(), _client(gateway, key) as client:
         resources = client.list_resources()
     if as_json:
-        _print_json(resources)
+        print_json(resources)
         return
     table = Table("name", "kind", "latest", "labels", "updated (UTC)")
     for item in resources:
         labels = ", ".join(f"{label}={version}" for label, version in sorted(item.labels.items()))
-        table.add_row(item.name, item.kind, str(item.latest), labels, _when(item.updated_at))
+        table.add_row(item.name, item.kind, str(item.latest), labels, when(item.updated_at))
     Console().print(table)
 
 
 def _split_ref(ref: str) -> tuple[str, str | None]:
     name, at, selector = ref.partition("@")
     if not name or (at and not selector):
-        _fail(f"{ref!r}: write NAME or NAME@SELECTOR (a version number or a label)", 2)
+        fail(f"{ref!r}: write NAME or NAME@SELECTOR (a version number or a label)", 2)
     return name, selector or None
 
 
@@ -232,7 +170,7 @@ def _print_version(version: ResourceVersion) -> None:
         f"{version.name}@{version.version}  {version.kind}  {version.hash}", markup=False, highlight=False
     )
     console.print(
-        f"created {_when(version.created_at)} UTC by {version.created_by}; parent {parent}",
+        f"created {when(version.created_at)} UTC by {version.created_by}; parent {parent}",
         markup=False,
         highlight=False,
     )
@@ -258,14 +196,14 @@ def show(
 ) -> None:
     """Show a resource's history and labels, or one version (by number or label) with its content."""
     name, selector = _split_ref(ref)
-    with _one_line(), _client(gateway, key) as client:
+    with one_line(), _client(gateway, key) as client:
         if selector is not None:
             one = client.version(name, selector)
-            _print_json(one) if as_json else _print_version(one)
+            print_json(one) if as_json else _print_version(one)
             return
         history, labels = client.history(name), client.labels(name)
         if as_json:
-            _print_json(
+            print_json(
                 {
                     "versions": [v.model_dump(mode="json") for v in history],
                     "labels": [lb.model_dump(mode="json") for lb in labels],
@@ -282,7 +220,7 @@ def show(
             ", ".join(sorted(by_version.get(version.version, []))),
             version.hash.removeprefix("sha256:")[:12],
             "" if version.parent is None else str(version.parent),
-            _when(version.created_at),
+            when(version.created_at),
             version.created_by,
             _short(version.message),
         )
@@ -298,10 +236,10 @@ def diff(
     as_json: JsonOption = False,
 ) -> None:
     """A unified diff between two versions: of the template for prompts, of the sorted JSON otherwise."""
-    with _one_line(), _client(gateway, key) as client:
+    with one_line(), _client(gateway, key) as client:
         answer = client.diff(name, old, new)
     if as_json:
-        _print_json({"name": answer.name, "from": answer.old, "to": answer.new, "diff": answer.diff})
+        print_json({"name": answer.name, "from": answer.old, "to": answer.new, "diff": answer.diff})
     elif answer.diff:
         typer.echo(answer.diff, nl=not answer.diff.endswith("\n"))
     else:
@@ -326,19 +264,19 @@ def label(
     as_json: JsonOption = False,
 ) -> None:
     """Point a label at a version: one recorded step, with its audit entry."""
-    with _one_line():
+    with one_line():
         move = LabelMove(version=version, expected=expected, reason=reason)
         with _client(gateway, key) as client:
             moved = client.move_label(name, label_name, move)
     if as_json:
-        _print_json(moved)
+        print_json(moved)
     else:
         typer.echo(f"{moved.name} {moved.label} -> {moved.version}")
 
 
 def resource_app() -> typer.Typer:
     """The `keraunos resource` commands."""
-    app = _app(
+    app = typer_app(
         "resource",
         "Versioned resources (prompt templates, weights references, sampling configs, bundles) and "
         f"their labels. Every command takes --gateway (env {GATEWAY_ENV}), --key (env {KEY_ENV}) and --json.",
@@ -370,10 +308,10 @@ def entries(
     """List audit entries (who did what, before and after, why); `keraunos audit verify` checks the chain."""
     if ctx.invoked_subcommand is not None:
         return
-    with _one_line(), _client(gateway, key) as client:
+    with one_line(), _client(gateway, key) as client:
         page = client.audit_page(after, limit)
     if as_json:
-        _print_json(
+        print_json(
             {"items": [e.model_dump(mode="json") for e in page.items], "count": page.count, "head": page.head}
         )
         return
@@ -381,7 +319,7 @@ def entries(
     for entry in page.items:
         table.add_row(
             str(entry.seq),
-            _when(entry.at),
+            when(entry.at),
             entry.actor,
             entry.action,
             entry.subject,
@@ -450,7 +388,7 @@ def _check_db_path(db: str) -> None:
         return
     path = Path(db.removeprefix("sqlite:///"))
     if not path.is_file():
-        _fail(f"no ledger file at {path}", 2)
+        fail(f"no ledger file at {path}", 2)
 
 
 def verify(
@@ -492,14 +430,14 @@ def verify(
         def advance(done: int, total: int) -> None:
             progress.update(task, advance=done, total=max(total, 1))
 
-        with _one_line():
+        with one_line():
             try:
                 if db is not None:
                     read, count = asyncio.run(_read_ledger(db, advance))
                 else:
                     read, count = _read_gateway(gateway, key, advance)
             except LedgerLocked as exc:
-                _fail(f"{exc}: a running gateway holds it; verify through it with --gateway URL instead", 1)
+                fail(f"{exc}: a running gateway holds it; verify through it with --gateway URL instead", 1)
     report = verify_chain(read, expect_count=count, expect_head=expect_head)
     _print_report(report, count, as_json)
     raise typer.Exit(0 if report.ok else 1)
@@ -507,7 +445,7 @@ def verify(
 
 def _print_report(report: ChainReport, count: int, as_json: bool) -> None:
     if as_json:
-        _print_json(
+        print_json(
             {
                 "ok": report.ok,
                 "checked": report.checked,
@@ -529,7 +467,7 @@ def _print_report(report: ChainReport, count: int, as_json: bool) -> None:
 
 def audit_app() -> typer.Typer:
     """The `keraunos audit` commands: list entries, `verify` the chain."""
-    app = _app(
+    app = typer_app(
         "audit",
         "The hash-chained audit log: every resource push and label move, who made it and why. "
         f"Every command takes --gateway (env {GATEWAY_ENV}), --key (env {KEY_ENV}) and --json.",

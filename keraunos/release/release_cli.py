@@ -11,6 +11,7 @@ key) and 1 when something failed while running (the gateway unreachable or faili
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,21 +23,21 @@ from rich.table import Table
 
 from keraunos._settings import ConfigError
 from keraunos.protocol import RolloutCreate
-from keraunos.release.plan import Command, Release, ReleasePlan
-from keraunos.release.registry_cli import (
+from keraunos.release._cli import (
     DEFAULT_GATEWAY,
     GATEWAY_ENV,
     KEY_ENV,
     GatewayOption,
     JsonOption,
     KeyOption,
-    _app,
-    _fail,
-    _one_line,
-    _print_json,
-    _read_text,
-    _when,
+    fail,
+    one_line,
+    print_json,
+    read_text,
+    typer_app,
+    when,
 )
+from keraunos.release.plan import Command, Release, ReleasePlan
 from keraunos.release.release_client import ReleaseClient
 from keraunos.release.runner import RunnerConfig, run_runner
 
@@ -68,15 +69,15 @@ def _client(gateway: str, key: str) -> ReleaseClient:
 
 
 def _plan_file(path: Path) -> dict[str, Any]:
-    text = _read_text(path)
+    text = read_text(path)
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        _fail(f"{path} does not parse: {' '.join(str(exc).split())}", 2)
+        fail(f"{path} does not parse: {' '.join(str(exc).split())}", 2)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        _fail(f"{path} must hold a mapping of the plan's fields (stages, min_stage_rollouts, ...)", 2)
+        fail(f"{path} must hold a mapping of the plan's fields (stages, min_stage_rollouts, ...)", 2)
     return data
 
 
@@ -84,7 +85,7 @@ def _replay_items(path: Path) -> list[dict[str, Any]]:
     """The rollouts a replay re-runs, one `RolloutCreate` JSON object a line (no `resources`: the
     release assigns the versions)."""
     items: list[dict[str, Any]] = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -92,12 +93,12 @@ def _replay_items(path: Path) -> list[dict[str, Any]]:
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "line"
-            _fail(f"{path}:{number}: {where}: {first['msg']}", 2)
+            fail(f"{path}:{number}: {where}: {first['msg']}", 2)
         if item.resources is not None:
-            _fail(f"{path}:{number}: a replay item names no resources (the release assigns them)", 2)
+            fail(f"{path}:{number}: a replay item names no resources (the release assigns them)", 2)
         items.append(item.model_dump(mode="json", exclude_none=True, exclude={"resources"}))
     if not items:
-        _fail(f"{path} holds no replay items (one rollout JSON object a line)", 2)
+        fail(f"{path} holds no replay items (one rollout JSON object a line)", 2)
     return items
 
 
@@ -105,7 +106,7 @@ def _stages(text: str) -> list[float]:
     try:
         return [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        _fail(f"--stages {text!r}: give shares separated by commas, e.g. 0.05,0.25,0.5", 2)
+        fail(f"--stages {text!r}: give shares separated by commas, e.g. 0.05,0.25,0.5", 2)
 
 
 def _candidate(text: str) -> int | str:
@@ -199,14 +200,14 @@ def start(
         plan["approve_promotion"] = approve_promotion
     items = _replay_items(replay_file) if replay_file is not None else []
     if replay_pairs is not None and not items:
-        _fail("--replay-pairs needs --replay-file: the inputs the replay re-runs", 2)
+        fail("--replay-pairs needs --replay-file: the inputs the replay re-runs", 2)
     if items:
         pairs = replay_pairs or (plan.get("replay") or {}).get("pairs") or len(items)
         plan["replay"] = {**(plan.get("replay") or {}), "pairs": pairs}
     elif plan.get("replay"):
-        _fail("the plan has a replay: give its inputs with --replay-file", 2)
+        fail("the plan has a replay: give its inputs with --replay-file", 2)
     checked = _checked_plan(plan)
-    with _one_line(), _client(gateway, key) as client:
+    with one_line(), _client(gateway, key) as client:
         release = client.start(
             resource,
             _candidate(candidate),
@@ -216,7 +217,7 @@ def start(
             release_id=release_id,
         )
     if as_json:
-        _print_json(release)
+        print_json(release)
         return
     typer.echo(
         f"started {release.release_id}: {release.resource} {release.label} "
@@ -231,7 +232,7 @@ def _checked_plan(plan: dict[str, Any]) -> ReleasePlan:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in ("plan", *first["loc"]))
-        _fail(f"{where}: {first['msg'].removeprefix('Value error, ')}", 2)
+        fail(f"{where}: {first['msg'].removeprefix('Value error, ')}", 2)
 
 
 # -- status ------------------------------------------------------------------------------------------
@@ -268,14 +269,14 @@ def status(
     """Show a release: state, stage, share, its last step's reason and evidence (bounds, means,
     counts); without RELEASE_ID, list the live releases (every one with --all)."""
     if release_id is not None:
-        with _one_line(), _client(gateway, key) as client:
+        with one_line(), _client(gateway, key) as client:
             release = client.get_release(release_id)
-        _print_json(release) if as_json else _print_release(release)
+        print_json(release) if as_json else _print_release(release)
         return
-    with _one_line(), _client(gateway, key) as client:
+    with one_line(), _client(gateway, key) as client:
         releases = client.list_releases(active=not all_releases)
     if as_json:
-        _print_json(releases)
+        print_json(releases)
         return
     table = Table("release", "resource", "label", "baseline -> candidate", "where", "step", "updated (UTC)")
     for item in releases:
@@ -286,7 +287,7 @@ def status(
             f"{item.baseline} -> {item.candidate}",
             _where(item),
             str(item.step),
-            _when(item.updated_at),
+            when(item.updated_at),
         )
     Console().print(table)
 
@@ -294,9 +295,7 @@ def status(
 def _print_release(release: Release) -> None:
     console = Console()
     runner = (
-        f"{release.runner} until {_when(release.lease_expires_at)} UTC"
-        if release.lease_expires_at
-        else "none"
+        f"{release.runner} until {when(release.lease_expires_at)} UTC" if release.lease_expires_at else "none"
     )
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
@@ -309,8 +308,8 @@ def _print_release(release: Release) -> None:
         ("steps applied", str(release.step)),
         ("last reason", release.reason or "-"),
         ("runner", runner),
-        ("started", f"{_when(release.created_at)} UTC by {release.created_by}"),
-        ("updated", f"{_when(release.updated_at)} UTC"),
+        ("started", f"{when(release.created_at)} UTC by {release.created_by}"),
+        ("updated", f"{when(release.updated_at)} UTC"),
     ):
         facts.add_row(name, value)
     console.print(facts)
@@ -342,46 +341,43 @@ ReasonOption = Annotated[str, typer.Option("--reason", help="Why, for the audit 
 
 
 def _command(release_id: str, command: Command, reason: str, gateway: str, key: str, as_json: bool) -> None:
-    with _one_line(), _client(gateway, key) as client:
+    with one_line(), _client(gateway, key) as client:
         release = client.command(release_id, command, reason)
     if as_json:
-        _print_json(release)
+        print_json(release)
     else:
         typer.echo(f"{release.release_id}: {_where(release)} (step {release.step})")
 
 
-def approve(
-    release_id: ReleaseArgument,
-    reason: ReasonOption = "",
-    gateway: GatewayOption = DEFAULT_GATEWAY,
-    key: KeyOption = "",
-    as_json: JsonOption = False,
-) -> None:
-    """Approve what a waiting release waits for (the next stage, or the promotion); needs an approver key."""
-    _command(release_id, "approve", reason, gateway, key, as_json)
+def _command_of(command: Command, doc: str) -> Callable[..., None]:
+    """The typer command for a person's `command` on a release (approve, abort, rollback)."""
+
+    def run(
+        release_id: ReleaseArgument,
+        reason: ReasonOption = "",
+        gateway: GatewayOption = DEFAULT_GATEWAY,
+        key: KeyOption = "",
+        as_json: JsonOption = False,
+    ) -> None:
+        _command(release_id, command, reason, gateway, key, as_json)
+
+    run.__doc__ = doc
+    run.__name__ = command
+    return run
 
 
-def abort(
-    release_id: ReleaseArgument,
-    reason: ReasonOption = "",
-    gateway: GatewayOption = DEFAULT_GATEWAY,
-    key: KeyOption = "",
-    as_json: JsonOption = False,
-) -> None:
-    """Stop a live release: the label stays at the baseline, the candidate's rollouts are excluded."""
-    _command(release_id, "abort", reason, gateway, key, as_json)
-
-
-def rollback(
-    release_id: ReleaseArgument,
-    reason: ReasonOption = "",
-    gateway: GatewayOption = DEFAULT_GATEWAY,
-    key: KeyOption = "",
-    as_json: JsonOption = False,
-) -> None:
-    """Roll a release back by hand (a promoted one too): the label back at the baseline, the
-    candidate's rollouts excluded from training."""
-    _command(release_id, "rollback", reason, gateway, key, as_json)
+approve = _command_of(
+    "approve",
+    "Approve what a waiting release waits for (the next stage, or the promotion); needs an approver key.",
+)
+abort = _command_of(
+    "abort", "Stop a live release: the label stays at the baseline, the candidate's rollouts are excluded."
+)
+rollback = _command_of(
+    "rollback",
+    "Roll a release back by hand (a promoted one too): the label back at the baseline, the candidate's "
+    "rollouts excluded from training.",
+)
 
 
 # -- run ---------------------------------------------------------------------------------------------
@@ -472,12 +468,12 @@ def run(
     try:
         settings = RunnerConfig.load(overrides, config)
     except ConfigError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     report = run_runner(settings, once=once)
     if report is None:
         return
     if as_json:
-        _print_json(
+        print_json(
             {
                 "held": report.held,
                 "applied": [{"release_id": r, "step": s, "state": st} for r, s, st in report.applied],
@@ -500,7 +496,7 @@ def run(
 
 def release_app() -> typer.Typer:
     """The `keraunos release` commands."""
-    app = _app(
+    app = typer_app(
         "release",
         "Releases: move a resource's label from its version to a candidate through a paired replay and "
         "canary stages decided by anytime-valid statistics, with automatic rollback. Every command takes "
