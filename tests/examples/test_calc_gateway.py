@@ -4,7 +4,8 @@ stand-in answers its model calls.
 The stand-in answers words like `w12 w7`, never a tag, so every episode uses all its turns (each
 reply answered with the protocol reminder) and earns reward 0: what is checked is that every call
 went through the gateway and was recorded, that the turns continue each other token for token,
-and that the reward event arrived.
+and that the reward event arrived. The agent's system prompt is the prompt resource `system_prompt`
+when its rollout was assigned one, and the built-in `SYSTEM_PROMPT` otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from keraunos.examples.calc.conversation import SYSTEM_PROMPT
 from keraunos.testing.processes import (
     SERVED_MODEL,
     Engine,
@@ -30,6 +32,9 @@ from keraunos.testing.processes import (
 )
 
 MAX_TURNS = 3
+CANDIDATE = (
+    "You are a careful calculator. Use <calc>EXPRESSION</calc>, then end with <answer>NUMBER</answer>."
+)
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +141,45 @@ def test_the_command_line_runs_the_agent_against_any_openai_compatible_server(
     assert "reward: 0.0  (expected 4, 2 model calls)" in out
     assert out.strip().endswith("accuracy 0.000 over 1 questions")
     assert engine.stats()["requests"] == before + 2
+
+
+def system_message(api: httpx.Client, rollout_id: str) -> str:
+    """The system message of the rollout's first recorded model call."""
+    events = api.get(f"/api/rollouts/{rollout_id}/events").json()
+    calls = [e for e in events if e["event_type"] == "model_request"]
+    assert calls, events
+    first = calls[0]["data"]["request"]["messages"][0]
+    assert first["role"] == "system"
+    return first["content"]
+
+
+def test_a_rollout_assigned_the_candidate_prompt_is_solved_with_its_template_and_others_with_the_built_in(
+    served: tuple[Gateway, Engine], controller: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    gateway, _ = served
+    task = {"question": "What is 2 + 3?", "answer": 5}
+    local = {"local": {"env_map": {"AGENT_INPUT": "input"}}}
+    with_candidate, without = unique_id("calc-cand"), unique_id("calc-plain")
+    with gateway.client() as api:
+        pushed = api.post(
+            "/api/resources/system_prompt", json={"kind": "prompt", "content": {"template": CANDIDATE}}
+        )
+        assert pushed.status_code in (200, 201), pushed.text
+        version = pushed.json()["version"]["version"]
+        moved = api.put("/api/resources/system_prompt/labels/candidate", json={"version": version})
+        assert moved.status_code in (200, 201), moved.text
+        items = [
+            {
+                "rollout_id": with_candidate,
+                "input": task,
+                "config": local,
+                "resources": {"system_prompt": "candidate"},
+            },
+            {"rollout_id": without, "input": task, "config": local},
+        ]
+        assert api.post("/api/rollouts", json=items).status_code == 201
+        rollouts = wait_terminal(api, [with_candidate, without], timeout=60)
+        logs = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "logs").rglob("*.log"))
+        assert all(r["status"]["state"] == "succeeded" for r in rollouts.values()), logs
+        assert system_message(api, with_candidate) == CANDIDATE
+        assert system_message(api, without) == SYSTEM_PROMPT
