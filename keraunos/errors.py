@@ -18,6 +18,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── BatchError            training.backends.torch.batch: rows that do not make a batch
 │   ├── ObservationError      release.sequences: a reward, arm or fraction the release statistics cannot take
 │   ├── InvalidReleaseCommand release.plan: approve, abort or rollback in a state that does not allow it
+│   ├── PlanInputError        release.plan_input: a release plan file, replay file or plan option that makes no plan
 │   └── InvalidResource       resources: resource content that does not fit its kind
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,

@@ -10,19 +10,15 @@ key) and 1 when something failed while running (the gateway unreachable or faili
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-import yaml
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from keraunos._settings import ConfigError
-from keraunos.protocol import RolloutCreate
 from keraunos.release._cli import (
     DEFAULT_GATEWAY,
     GATEWAY_ENV,
@@ -33,11 +29,11 @@ from keraunos.release._cli import (
     fail,
     one_line,
     print_json,
-    read_text,
     typer_app,
     when,
 )
-from keraunos.release.plan import Command, Release, ReleasePlan
+from keraunos.release.plan import Command, Release
+from keraunos.release.plan_input import start_plan
 from keraunos.release.release_client import ReleaseClient
 from keraunos.release.runner import RunnerConfig, run_runner
 
@@ -66,47 +62,6 @@ def _client(gateway: str, key: str) -> ReleaseClient:
 
 
 # -- start -------------------------------------------------------------------------------------------
-
-
-def _plan_file(path: Path) -> dict[str, Any]:
-    text = read_text(path)
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        fail(f"{path} does not parse: {' '.join(str(exc).split())}", 2)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        fail(f"{path} must hold a mapping of the plan's fields (stages, min_stage_rollouts, ...)", 2)
-    return data
-
-
-def _replay_items(path: Path) -> list[dict[str, Any]]:
-    """The rollouts a replay re-runs, one `RolloutCreate` JSON object a line (no `resources`: the
-    release assigns the versions)."""
-    items: list[dict[str, Any]] = []
-    for number, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = RolloutCreate.model_validate_json(line)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "line"
-            fail(f"{path}:{number}: {where}: {first['msg']}", 2)
-        if item.resources is not None:
-            fail(f"{path}:{number}: a replay item names no resources (the release assigns them)", 2)
-        items.append(item.model_dump(mode="json", exclude_none=True, exclude={"resources"}))
-    if not items:
-        fail(f"{path} holds no replay items (one rollout JSON object a line)", 2)
-    return items
-
-
-def _stages(text: str) -> list[float]:
-    try:
-        return [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        fail(f"--stages {text!r}: give shares separated by commas, e.g. 0.05,0.25,0.5", 2)
 
 
 def _candidate(text: str) -> int | str:
@@ -191,29 +146,22 @@ def start(
 ) -> None:
     """Start a release: the label keeps pointing at its version while the plan's replay and canary
     stages compare the candidate with it; `keraunos release run` drives it from there."""
-    plan: dict[str, Any] = _plan_file(plan_file) if plan_file is not None else {}
-    if stages is not None:
-        plan["stages"] = _stages(stages)
-    if min_stage_rollouts is not None:
-        plan["min_stage_rollouts"] = min_stage_rollouts
-    if approve_promotion is not None:
-        plan["approve_promotion"] = approve_promotion
-    items = _replay_items(replay_file) if replay_file is not None else []
-    if replay_pairs is not None and not items:
-        fail("--replay-pairs needs --replay-file: the inputs the replay re-runs", 2)
-    if items:
-        pairs = replay_pairs or (plan.get("replay") or {}).get("pairs") or len(items)
-        plan["replay"] = {**(plan.get("replay") or {}), "pairs": pairs}
-    elif plan.get("replay"):
-        fail("the plan has a replay: give its inputs with --replay-file", 2)
-    checked = _checked_plan(plan)
+    with one_line():
+        built = start_plan(
+            plan_file=plan_file,
+            stages=stages,
+            min_stage_rollouts=min_stage_rollouts,
+            approve_promotion=approve_promotion,
+            replay_file=replay_file,
+            replay_pairs=replay_pairs,
+        )
     with one_line(), _client(gateway, key) as client:
         release = client.start(
             resource,
             _candidate(candidate),
             label=label,
-            plan=checked.model_dump(mode="json"),
-            replay_items=items,
+            plan=built.plan_json(),
+            replay_items=built.replay_items,
             release_id=release_id,
         )
     if as_json:
@@ -223,16 +171,6 @@ def start(
         f"started {release.release_id}: {release.resource} {release.label} "
         f"{release.baseline} -> {release.candidate}, {_where(release)}"
     )
-
-
-def _checked_plan(plan: dict[str, Any]) -> ReleasePlan:
-    """The plan validated here (the gateway checks too; this names the field before a round trip)."""
-    try:
-        return ReleasePlan.model_validate(plan)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in ("plan", *first["loc"]))
-        fail(f"{where}: {first['msg'].removeprefix('Value error, ')}", 2)
 
 
 # -- status ------------------------------------------------------------------------------------------
