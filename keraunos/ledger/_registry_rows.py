@@ -1,9 +1,10 @@
 """Registry, audit and release rows as both ledger backends store them, read back into their models.
 
-SQLite and PostgreSQL keep resource versions, audit entries, releases and a release's observations
-in the same columns (their schemas mirror each other); this module turns those rows into
-`ResourceVersion`, `AuditEntry`, `Release` and `Observation`, and writes the JSON the audit chain
-hashes, so the backends differ only in their SQL.
+SQLite and PostgreSQL keep resource versions, audit entries, releases, a release's observations
+and a resource's rollouts in the same columns (their schemas mirror each other); this module turns
+those rows into `ResourceVersion`, `AuditEntry`, `Release`, `Observation` and `VersionOutcome`,
+holds the SQL both backends read a rollout's reward with, and writes the JSON the audit chain
+hashes, so the backends differ only in the rest of their SQL.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import orjson
 from keraunos.audit import AuditEntry
 from keraunos.ledger.codec import decode_json
 from keraunos.release.plan import Observation, Release
+from keraunos.release.version_stats import VersionOutcome
 from keraunos.resources import ResourceVersion
 
 #: The columns `version_from_row` reads, in order (SQL of both backends selects them so).
@@ -25,6 +27,21 @@ VERSION_COLUMNS = (
 )
 #: The columns `audit_entry_from_row` reads, in order.
 AUDIT_COLUMNS = "seq, at, actor, action, subject, before, after, evidence, reason, prev_hash, hash"
+
+#: A rollout `ro` that reached a final state.
+FINISHED = "ro.state IN ('succeeded', 'failed')"
+#: The reward of rollout `ro` as the release statistics take it: the stored data of the last
+#: `reward` event of its last attempt, for a finished rollout only (CASE evaluates its branch
+#: lazily, so an unfinished one costs no event read); NULL otherwise. The same SQL in both backends.
+LAST_REWARD = (
+    f"CASE WHEN {FINISHED} THEN (SELECT e.data FROM events e WHERE e.rollout = ro.id "
+    "AND e.attempt_id = ro.last_attempt_id AND e.event_type = 'reward' ORDER BY e.id DESC LIMIT 1) END"
+)
+#: The columns `outcome_from_row` reads, in order, from `rollout_resources a JOIN rollouts ro`.
+OUTCOME_COLUMNS = (
+    "a.rollout, ro.rollout_id, a.version, ro.state, ro.created_at, ro.updated_at, a.excluded, "
+    f"a.release_id, a.arm, {LAST_REWARD}"
+)
 
 
 def stored_json(value: Any) -> str:
@@ -127,11 +144,36 @@ def observation_from(
         share=share,
         replay_index=replay_index,
         finished=True,
-        reward=None if reward is None else reward_value(decode_json(bytes(reward))),
+        reward=stored_reward(reward),
         error=state == "failed",
         latency_s=max(0.0, updated_at - created_at),
         events=list(events),
     )
+
+
+def outcome_from_row(row: Sequence[Any]) -> VersionOutcome:
+    """A resource's rollout from the `OUTCOME_COLUMNS` of a row: its version and assignment, and
+    its outcome once it finished (as `observation_from` reads a release's)."""
+    key, rollout_id, version, state, created_at, updated_at, excluded, release_id, arm, reward = row
+    finished = state in ("succeeded", "failed")
+    return VersionOutcome(
+        key=key,
+        rollout_id=rollout_id,
+        version=version,
+        created_at=created_at,
+        finished=finished,
+        reward=stored_reward(reward) if finished else None,
+        error=state == "failed",
+        latency_s=max(0.0, updated_at - created_at) if finished else None,
+        excluded=bool(excluded),
+        release_id=release_id,
+        arm=arm,
+    )
+
+
+def stored_reward(data: bytes | None) -> float | None:
+    """The reward of a `LAST_REWARD` column: the codec-encoded event data's value, or None."""
+    return None if data is None else reward_value(decode_json(bytes(data)))
 
 
 def reward_value(data: dict[str, Any]) -> float | None:

@@ -27,6 +27,7 @@ from keraunos.protocol import (
     TerminalPage,
 )
 from keraunos.release.plan import Observation, Release, Step
+from keraunos.release.version_stats import VersionOutcome
 from keraunos.resources import Label, ResourceKind, ResourceSummary, ResourceVersion
 
 #: A wire event (`keraunos.protocol.Event` shape) as a plain dict, for speed on large reads.
@@ -462,3 +463,15 @@ class Ledger(abc.ABC):
         """The release's rollouts of `phase` at positions `after+1 .. after+limit`, finished or not
         (`Observation`): canary rollouts (assigned by the split) in creation order; replay rollouts
         by replay index, candidate before baseline. Raises `ResourceNotFound` for an unknown release."""
+
+    # -- per-version statistics (docs/release.md#per-version-statistics) -------------------------
+
+    @abc.abstractmethod
+    async def version_outcomes(
+        self, resource: str, since: float | None, until: float | None, after: int, limit: int
+    ) -> list[VersionOutcome]:
+        """Up to `limit` rollouts assigned a version of `resource` and created in `[since, until)`
+        (None: unbounded on that side), whose key is above `after`, in creation order, finished or
+        not (`VersionOutcome`, its reward read as `release_observations` reads it). Page on with
+        the last row's key as `after` until a page comes back short. Raises `ResourceNotFound` for
+        an unknown resource."""

@@ -65,6 +65,7 @@ from keraunos.ledger.errors import (
 from keraunos.ledger.postgres import _attempts as attempts
 from keraunos.ledger.postgres import _releases as releases
 from keraunos.ledger.postgres import _resources as registry
+from keraunos.ledger.postgres import _version_stats as version_stats
 from keraunos.ledger.postgres._events import ChainCache, append_call
 from keraunos.ledger.postgres._pool import Pool, PoolSettings, row_count
 from keraunos.ledger.postgres._schema import migrate
@@ -82,6 +83,7 @@ from keraunos.protocol import (
     TerminalPage,
 )
 from keraunos.release.plan import Observation, Release, Step
+from keraunos.release.version_stats import VersionOutcome
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
 _SELECT_ROLLOUT = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1"
@@ -579,6 +581,13 @@ class PostgresLedger(Ledger):
     ) -> list[Observation]:
         # One statement per page (the existence check aside): the rows agree with one snapshot.
         return await self._pool.run(lambda conn: releases.observations(conn, release_id, phase, after, limit))
+
+    async def version_outcomes(
+        self, resource: str, since: float | None, until: float | None, after: int, limit: int
+    ) -> list[VersionOutcome]:
+        return await self._pool.run(
+            lambda conn: version_stats.outcomes(conn, resource, since, until, after, limit)
+        )
 
 
 @functools.cache

@@ -32,7 +32,7 @@ import asyncpg
 import orjson
 
 from keraunos.audit import AuditDraft
-from keraunos.ledger._registry_rows import observation_from, release_from_row
+from keraunos.ledger._registry_rows import FINISHED, LAST_REWARD, observation_from, release_from_row
 from keraunos.ledger._rows import group_id_of, insert_values
 from keraunos.ledger.base import NewRelease
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
@@ -121,16 +121,12 @@ JOIN rollouts ro ON ro.rollout_id = s.rollout_id
 """
 
 # One rollout of a release per row, with what its observation needs; the outcome columns only for
-# a finished rollout. The reward: the data of the last `reward` event of the rollout's last
-# attempt. The event types: every type the rollout recorded, in any attempt, once each.
-_FINISHED = "ro.state IN ('succeeded', 'failed')"
+# a finished rollout. The reward: `LAST_REWARD`. The event types: every type the rollout
+# recorded, in any attempt, once each.
 _SELECT_OBSERVATIONS = f"""
 SELECT a.position, ro.rollout_id, a.arm, a.share, a.replay_index, ro.state, ro.created_at, ro.updated_at,
-       CASE WHEN {_FINISHED} THEN (
-           SELECT e.data FROM events e
-           WHERE e.rollout = ro.id AND e.attempt_id = ro.last_attempt_id AND e.event_type = 'reward'
-           ORDER BY e.id DESC LIMIT 1) END,
-       CASE WHEN {_FINISHED} THEN ARRAY(
+       {LAST_REWARD},
+       CASE WHEN {FINISHED} THEN ARRAY(
            SELECT DISTINCT e.event_type COLLATE "C" FROM events e WHERE e.rollout = ro.id ORDER BY 1) END
 FROM rollout_resources a JOIN rollouts ro ON ro.id = a.rollout
 WHERE a.release_id = $1 AND {{phase}} AND a.position > $2 AND a.position <= $3

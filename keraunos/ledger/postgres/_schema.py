@@ -285,6 +285,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX rollout_resources_replay ON rollout_resources (release_id, position)
         WHERE replay_index IS NOT NULL;
     """,
+    # 5: a resource's rollouts in creation order, for its per-version statistics (SQLite's step 7,
+    # `Ledger.version_outcomes`): the primary key starts with the rollout, not the resource.
+    """
+    CREATE INDEX rollout_resources_by_resource ON rollout_resources (resource, rollout);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -71,6 +71,7 @@ from keraunos.ledger.errors import (
 from keraunos.ledger.sqlite import _attempts as attempts
 from keraunos.ledger.sqlite import _releases as releases
 from keraunos.ledger.sqlite import _resources as registry
+from keraunos.ledger.sqlite import _version_stats as version_stats
 from keraunos.ledger.sqlite._checkpoint import WRITER_CHECKPOINT_PAGES, Checkpointer
 from keraunos.ledger.sqlite._compaction import Compactor, WireRow
 from keraunos.ledger.sqlite._events import ContextCache
@@ -91,6 +92,7 @@ from keraunos.protocol import (
     TerminalPage,
 )
 from keraunos.release.plan import Observation, Release, Step
+from keraunos.release.version_stats import VersionOutcome
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
 
 Durability = Literal["normal", "full"]
@@ -762,6 +764,13 @@ class SqliteLedger(Ledger):
         self, release_id: str, phase: Literal["replay", "canary"], after: int, limit: int
     ) -> list[Observation]:
         return await self._read(lambda conn: releases.observations(conn, release_id, phase, after, limit))
+
+    async def version_outcomes(
+        self, resource: str, since: float | None, until: float | None, after: int, limit: int
+    ) -> list[VersionOutcome]:
+        return await self._read(
+            lambda conn: version_stats.outcomes(conn, resource, since, until, after, limit)
+        )
 
 
 # -- operations (run inside a write batch's transaction) -------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import orjson
 
 from keraunos.audit import AuditDraft
-from keraunos.ledger._registry_rows import observation_from, release_from_row
+from keraunos.ledger._registry_rows import FINISHED, LAST_REWARD, observation_from, release_from_row
 from keraunos.ledger._rows import insert_values
 from keraunos.ledger.base import NewRelease
 from keraunos.ledger.errors import ResourceConflict, ResourceNotFound
@@ -60,14 +60,11 @@ _INSERT_REPLAY_ASSIGNMENT = (
 
 # One rollout of a release per row, with what its observation needs; the outcome columns only for
 # a finished rollout (CASE evaluates its branch lazily, so an unfinished one costs no event read).
-# The reward: the data of the last `reward` event of the rollout's last attempt. The event types:
-# every type the rollout recorded, in any attempt, once each.
-_FINISHED = "ro.state IN ('succeeded', 'failed')"
+# The reward: `LAST_REWARD`. The event types: every type the rollout recorded, in any attempt,
+# once each.
 _OBSERVATION_COLUMNS = (
-    "ro.rollout_id, a.arm, a.share, a.replay_index, ro.state, ro.created_at, ro.updated_at, "
-    f"CASE WHEN {_FINISHED} THEN (SELECT e.data FROM events e WHERE e.rollout = ro.id "
-    "AND e.attempt_id = ro.last_attempt_id AND e.event_type = 'reward' ORDER BY e.id DESC LIMIT 1) END, "
-    f"CASE WHEN {_FINISHED} THEN (SELECT json_group_array(t) FROM (SELECT DISTINCT e.event_type AS t "
+    f"ro.rollout_id, a.arm, a.share, a.replay_index, ro.state, ro.created_at, ro.updated_at, {LAST_REWARD}, "
+    f"CASE WHEN {FINISHED} THEN (SELECT json_group_array(t) FROM (SELECT DISTINCT e.event_type AS t "
     "FROM events e WHERE e.rollout = ro.id ORDER BY t)) END"
 )
 _SELECT_CANARY = (

@@ -232,6 +232,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX rollout_resources_replay ON rollout_resources (release_id, replay_index, arm DESC)
         WHERE replay_index IS NOT NULL;
     """,
+    # 7: a resource's rollouts in creation order, for its per-version statistics
+    # (`Ledger.version_outcomes`): the primary key starts with the rollout, not the resource.
+    """
+    CREATE INDEX rollout_resources_by_resource ON rollout_resources (resource, rollout);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
