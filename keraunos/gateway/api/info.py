@@ -32,6 +32,7 @@ FEATURES: tuple[str, ...] = (
     "resources",  # /api/resources: versions, labels; POST /api/rollouts items' resources
     "audit",  # GET /api/audit: the hash-chained audit log
     "scoped-keys",  # --keys-file: named keys with roles (reader, controller, trainer, approver, admin)
+    "weights-routing",  # a rollout assigned a weights version goes only to endpoints at that version
     "releases",  # /api/releases: start, claim, decisions, approve/abort/rollback, observations
 )
 

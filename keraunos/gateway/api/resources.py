@@ -19,6 +19,7 @@ from keraunos.gateway._auth import actor_of
 from keraunos.gateway.api._common import (
     LeanRoute,
     RolloutIdPath,
+    caches_of,
     dump_json,
     json_body_doc,
     json_response,
@@ -121,6 +122,8 @@ async def push_resource(request: Request, name: NamePath) -> Response:
         actor=actor_of(request.scope),
     )
     version, created = await ledger_of(request).push_resource(new, time.time())
+    if created and body.kind == "weights":
+        caches_of(request).resources_changed()  # the proxy routes rollouts pinned to it
     return json_response(
         _PUSHED.dump_json(PushResult(created=created, version=version)), 201 if created else 200
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from keraunos.gateway.proxy.pins import RolloutPins
 from keraunos.ledger.base import Ledger
 from keraunos.protocol import Model
 
@@ -68,11 +69,13 @@ class KnownRollouts:
 
 
 class CacheEvents:
-    """What the `/api` write routes tell the proxy's caches: endpoints changed, a rollout went."""
+    """What the `/api` write routes tell the proxy's caches: endpoints changed, a rollout went, a
+    weights resource was stored."""
 
-    def __init__(self, endpoints: EndpointCache, rollouts: KnownRollouts) -> None:
+    def __init__(self, endpoints: EndpointCache, rollouts: KnownRollouts, pins: RolloutPins) -> None:
         self._endpoints = endpoints
         self._rollouts = rollouts
+        self._pins = pins
 
     def models_changed(self) -> None:
         """Endpoints were registered or removed: the proxy reads them again on its next call."""
@@ -81,3 +84,8 @@ class CacheEvents:
     def rollout_deleted(self, rollout_id: str) -> None:
         """`rollout_id` was deleted: the proxy checks the ledger again before its next call."""
         self._rollouts.forget(rollout_id)
+        self._pins.forget(rollout_id)
+
+    def resources_changed(self) -> None:
+        """A weights resource was stored: the proxy reads which exist again before pinning a rollout."""
+        self._pins.resources_changed()

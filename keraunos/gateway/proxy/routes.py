@@ -40,7 +40,7 @@ from keraunos.gateway.proxy.record import (
     call_data,
     model_request_data,
 )
-from keraunos.gateway.proxy.routing import current_policy
+from keraunos.gateway.proxy.routing import current_policy, pinned_policy
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.state import ProxyState
 from keraunos.gateway.proxy.stream import (
@@ -201,6 +201,7 @@ class _Call:
             return exc
         except RolloutNotFound as exc:
             state.rollouts.forget(self.rollout_id)  # deleted meanwhile, perhaps through another replica
+            state.pins.forget(self.rollout_id)
             state.metrics.record_failed()
             return exc
         finally:
@@ -254,8 +255,22 @@ async def _forward(
             f"No endpoint is registered for the served model {config.served_model!r}; "
             "register one with POST /api/models",
         )
-    # A LoRA policy: its newest adapter's endpoints, and the adapter's name as the model.
-    endpoints, upstream_model = current_policy(endpoints, config.served_model)
+    pins = await state.pins.of(rollout_id)
+    if pins:
+        # Assigned weights (a release's arm, a pinned version): only the endpoints serving them.
+        chosen = pinned_policy(endpoints, config.served_model, pins)
+        if chosen is None:
+            return gateway_error(
+                503,
+                f"Rollout {rollout_id!r} is assigned {', '.join(pin.describe() for pin in pins)}, "
+                f"which no endpoint registered for {config.served_model!r} serves; register one "
+                "at that version with POST /api/models",
+                code="weights_version_unavailable",
+            )
+        endpoints, upstream_model = chosen
+    else:
+        # A LoRA policy: its newest adapter's endpoints, and the adapter's name as the model.
+        endpoints, upstream_model = current_policy(endpoints, config.served_model)
     shaped, sampling = shape_request(
         body, served_model=upstream_model, mode=mode, temperature=temperature, path=path
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from hashlib import blake2b
 
+from keraunos.gateway.proxy.pins import WeightsPin
 from keraunos.protocol import Model
 
 
@@ -39,6 +40,30 @@ def current_policy(endpoints: Sequence[Model], served_model: str) -> tuple[Seque
         return endpoints, served_model
     version, name = max((e.version, e.served_as or "") for e in named)
     return [e for e in named if e.version == version and e.served_as == name], name
+
+
+def pinned_policy(
+    endpoints: Sequence[Model], served_model: str, pins: Sequence[WeightsPin]
+) -> tuple[Sequence[Model], str] | None:
+    """The endpoints that serve every weights version a rollout is pinned to, and the model name
+    to send them; None when no endpoint does (the proxy answers 503 then, naming the version).
+
+    An endpoint serves a pin when it is registered at the pin's `model_version` (the `version` of
+    `POST /api/models`), or, for a pin without one, when the name it serves under (`served_as`,
+    else the served model) is the pin's `model`. The endpoints left must agree on one upstream
+    name: those of the highest (version, name), as `current_policy` picks, when they do not.
+    """
+    serving = [e for e in endpoints if all(_serves(e, pin) for pin in pins)]
+    if not serving:
+        return None
+    version, name = max((e.version, e.served_as or served_model) for e in serving)
+    return [e for e in serving if e.version == version and (e.served_as or served_model) == name], name
+
+
+def _serves(endpoint: Model, pin: WeightsPin) -> bool:
+    if pin.model_version is not None:
+        return endpoint.version == pin.model_version
+    return (endpoint.served_as or endpoint.model) == pin.model
 
 
 def choose(

@@ -20,6 +20,7 @@ from keraunos.gateway.metrics import GatewayMetrics
 from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts
 from keraunos.gateway.proxy.disconnect import WatchScheduler
 from keraunos.gateway.proxy.exact_tokens import ExactTokens
+from keraunos.gateway.proxy.pins import RolloutPins
 from keraunos.gateway.proxy.routing import Cooldowns
 from keraunos.gateway.proxy.upstream import RetryPolicy
 from keraunos.gateway.replicas import Coordination, LocalCoordination, Pause
@@ -49,6 +50,7 @@ class ProxyState:
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.endpoints = EndpointCache(ledger, config.models_refresh_s)
         self.rollouts = KnownRollouts()
+        self.pins = RolloutPins(ledger, config.models_refresh_s)
         self.cooldowns = Cooldowns()
         self.coordination = coordination if coordination is not None else LocalCoordination()
         self.pause: Pause = self.coordination.pause
