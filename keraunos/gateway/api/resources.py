@@ -29,6 +29,7 @@ from keraunos.gateway.api._common import (
 from keraunos.ledger.base import Ledger, NewVersion
 from keraunos.ledger.errors import ResourceNotFound
 from keraunos.protocol import ID_MAX_LENGTH, ID_PATTERN, ID_RULE
+from keraunos.release.version_stats import ResourceStats, VersionTally, shaped
 from keraunos.resources import (
     InvalidResource,
     Label,
@@ -275,6 +276,53 @@ async def rollout_resources(request: Request, rollout_id: RolloutIdPath) -> Resp
             }
         body[name] = entry
     return json_response(dump_json(body))
+
+
+#: Rollouts per ledger read of the stats route: the tally keeps none of them after their page.
+STATS_PAGE = 1000
+
+WindowQuery = Annotated[
+    float | None,
+    Query(allow_inf_nan=False, description="Unix seconds (a float); omitted: unbounded on that side."),
+]
+
+
+@router.get(
+    "/api/resources/{name}/stats",
+    summary="Per-version statistics of the rollouts created in a window",
+    response_model=None,
+    responses={
+        200: {"model": ResourceStats, "description": "Every version the window's rollouts were assigned."},
+        404: {"description": "No resource has this name."},
+        422: {"description": "`since` or `until` is not a finite number, or `since` is not before `until`."},
+    },
+)
+async def resource_stats(
+    request: Request, name: NamePath, since: WindowQuery = None, until: WindowQuery = None
+) -> Response:
+    """For each version of the resource, what the rollouts assigned it and created in
+    `[since, until)` did (docs/release.md#per-version-statistics), read page by page."""
+    if since is not None and until is not None and since >= until:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "empty_window",
+                    "loc": ("query", "until"),
+                    "msg": f"until ({until}) must be after since ({since})",
+                    "input": until,
+                }
+            ]
+        )
+    ledger = ledger_of(request)
+    tally = VersionTally()
+    after = 0
+    while True:
+        page = await ledger.version_outcomes(name, since, until, after, STATS_PAGE)
+        tally.add(page)
+        if len(page) < STATS_PAGE:
+            break
+        after = page[-1].key
+    return json_response(shaped(name, tally, since=since, until=until).model_dump_json().encode())
 
 
 async def select_version(ledger: Ledger, name: str, selector: str) -> ResourceVersion:
