@@ -15,8 +15,9 @@ The run around it (`train`): read the dataset, start the embedded gateway and co
 (`keraunos.training.stack`), open the backend (`keraunos.training.backends.open_backend`, restored
 from the newest checkpoint on resume), run the steps, checkpoint (every `checkpoint_every` steps:
 the weights with the loop's `RunState`, the commit point of a step; with `publish_resource`, each
-checkpoint pushed as a weights version, `keraunos.training.publish`), write the summary. The backend is
-used only through the `Trainer` protocol (keraunos.training.trainer). Step records go to
+checkpoint pushed as a weights version, `keraunos.training.publish`), with `release_label` start a
+release of the final version, write the summary. The backend is used only through the `Trainer`
+protocol (keraunos.training.trainer). Step records go to
 `RUN_DIR/metrics.jsonl`, TensorBoard and the console (`keraunos.training.records`) and to the
 Prometheus metrics (`keraunos.training.metrics`). See docs/training-loop.md.
 """
@@ -298,10 +299,12 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     }
     (run_dir / "run.json").write_text(json.dumps(run_info, indent=2) + "\n", encoding="utf-8")
     publisher: CheckpointPublisher | None = None
+    release: dict[str, Any] | None = None
     if config.publish_resource:
         publisher = CheckpointPublisher(config, gateway, key, collector_settings.run_id, run_dir)
         try:
             await publisher.check_label()  # a label only a release may move is refused before any step
+            await publisher.check_release()  # so is a key that may not start the release at the end
         except TrainError:
             await publisher.close()
             raise
@@ -356,6 +359,9 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
                     path = await asyncio.to_thread(trainer.checkpoint, checkpoints, done)
                     if publisher is not None:
                         await publisher.publish(step + 1, path, trainer.version)
+        if publisher is not None and config.release_label:
+            # The run is done; its final version goes out as a release (once per run, resumed or not).
+            release = await publisher.start_release(config.steps, read_published(run_dir))
     finally:
         await registry.unregister(trainer.endpoints)
         await registry.close()
@@ -374,6 +380,8 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
         summary["publish_failures"] = [
             {"step": p["step"], "error": p["error"]} for p in published if "error" in p
         ]
+    if release is not None:
+        summary["release"] = release
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 

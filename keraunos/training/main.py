@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -45,7 +46,24 @@ def run_training(config: TrainConfig) -> int:
         f"{_fmt(summary['reward_first'])} -> {_fmt(summary['reward_last'])}; "
         f"metrics in {summary['metrics']}, summary in {Path(config.run_dir) / 'summary.json'}"
     )
+    if "release" in summary:
+        typer.echo(f"release: {_release_line(summary['release'])}")
     return 0
+
+
+def _release_line(release: dict[str, Any]) -> str:
+    """The summary's `release` in words: started (now or earlier), none to start, or refused."""
+    if "error" in release:
+        return f"not started: {release['error']}"
+    if "skipped" in release:
+        return f"none started: {release['skipped']}"
+    moved = (
+        f"{release['resource']} {release['label']} {release['baseline']} -> {release['candidate']}, "
+        f"{release['state'].replace('_', ' ')}"
+    )
+    if release["earlier"]:
+        return f"{release['release_id']} was started earlier in this run: {moved}"
+    return f"started {release['release_id']}: {moved}; keraunos release run drives it"
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -11,6 +11,15 @@ checkpoint is on disk, and training goes on. Pushes are idempotent by content (t
 `created: false` for content equal to the latest version's), so a resumed run that pushes its
 restored checkpoint again stores nothing twice. Every attempt is a line of `RUN_DIR/published.jsonl`
 (`{"step", "version", "created"}` or `{"step", "error"}`), which the summary reads.
+
+With `release_label` (say `production`), the run ends by starting a release of its final
+checkpoint's version on that label (`POST /api/releases`, the plan built from the `release_*`
+fields as `keraunos release start` builds it); `keraunos release run` drives it from there. The
+release's id is made of the run's id and the version, so a resumed run that finishes with the same
+version finds the release an earlier invocation started and starts no second one. Nothing to
+release (the final checkpoint was not published, the label points at its version already) and a
+refusal (the key, a live release holding the label, the gateway gone) are logged and go to the
+summary, never raised: the run succeeded and its checkpoints are on disk.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import structlog
 
 from keraunos.controller._urls import path_segment
 from keraunos.gateway.config import GatewayConfig
+from keraunos.release.plan import Release
 from keraunos.resources import LabelMove, PushResult, ResourcePush, WeightsContent
 from keraunos.training.errors import TrainError
 from keraunos.training.train_config import TrainConfig
@@ -91,6 +101,7 @@ class CheckpointPublisher:
         self.config = config
         self.resource = config.publish_resource
         self.label = config.publish_label
+        self.release_label = config.release_label
         self.run_id = run_id
         self.path = run_dir / "published.jsonl"
         self._client = httpx.AsyncClient(base_url=gateway, headers=headers, timeout=timeout_s)
@@ -128,6 +139,130 @@ class CheckpointPublisher:
             raise self._protected(
                 f"the gateway refuses to move it (HTTP {probe.status_code}: {_detail(probe)})"
             )
+
+    async def check_release(self) -> None:
+        """Refuse, before any training, a key the gateway would not let start the run's release.
+
+        The probe is `POST /api/releases` with an empty body: the gateway checks the key's role
+        before it reads the body, so a key allowed to start releases gets 422 (the body lacks the
+        resource) and nothing is created, and any other key gets 403. What only the end can tell
+        (a live release holding the label then, the label's baseline) is met at the end.
+        """
+        if not self.release_label:
+            return
+        try:
+            probe = await self._client.post("/api/releases", json={})
+        except httpx.HTTPError as exc:
+            raise TrainError(f"release_label {self.release_label!r}: gateway unreachable: {exc!r}") from None
+        if probe.status_code == 422:
+            return
+        if probe.status_code in (401, 403):
+            raise TrainError(
+                f"release_label {self.release_label!r}: the run's key may not start releases (HTTP "
+                f"{probe.status_code}: {_detail(probe)}); use a trainer's or an admin's key, or leave "
+                f"release_label empty and start it by hand (keraunos release start {self.resource} ...)"
+            )
+        raise TrainError(
+            f"release_label {self.release_label!r}: the gateway takes no releases (POST /api/releases: "
+            f"HTTP {probe.status_code}: {_detail(probe)})"
+        )
+
+    async def start_release(self, final_step: int, published: list[dict[str, Any]]) -> dict[str, Any]:
+        """Start the release of the version the final checkpoint (after `final_step` steps) became,
+        on `release_label`; what happened, as the summary's `release`. Never raises for the
+        gateway's answer (a refusal is logged and returned with its `error`)."""
+        plan = self.config.release
+        if plan is None:  # a caller's mistake: the config has no release_label
+            raise ValueError("start_release needs a config with release_label")
+        last = published[-1] if published else {}
+        if last.get("step") != final_step or "version" not in last:
+            why = f"the final checkpoint (step {final_step}) was not published"
+            if last.get("step") == final_step and "error" in last:
+                why += f": {last['error']}"
+            return self._no_release(why, None)
+        version = int(last["version"])
+        release_id = release_id_of(self.run_id, version)
+        outcome: dict[str, Any] = {
+            "release_id": release_id,
+            "resource": self.resource,
+            "label": self.release_label,
+            "candidate": version,
+        }
+        try:
+            earlier = await self._client.get(f"/api/releases/{path_segment(release_id)}")
+            if earlier.status_code == 200:
+                return self._started_earlier(outcome, Release.model_validate(earlier.json()))
+            if earlier.status_code != 404:
+                return self._refused(outcome, f"GET /api/releases/{release_id}: {_status(earlier)}")
+            labels = await self._client.get(f"/api/resources/{path_segment(self.resource)}/labels")
+            if labels.status_code != 200:
+                return self._refused(outcome, f"GET the labels of {self.resource}: {_status(labels)}")
+            current = next(
+                (int(i["version"]) for i in labels.json() if i["label"] == self.release_label), None
+            )
+            if current == version:
+                return self._no_release(
+                    f"label {self.release_label!r} already points at version {version}", version
+                )
+            if current is None:
+                return self._refused(
+                    outcome,
+                    f"label {self.release_label!r} of {self.resource} points at no version: a release "
+                    "needs its baseline there (keraunos resource label)",
+                )
+            body = {
+                "release_id": release_id,
+                "resource": self.resource,
+                "label": self.release_label,
+                "candidate": version,
+                "plan": plan.plan_json(),
+                "replay_items": plan.replay_items,
+            }
+            response = await self._client.post("/api/releases", json=body)
+        except httpx.HTTPError as exc:
+            return self._refused(outcome, f"gateway unreachable: {exc!r}")
+        if response.status_code != 201:
+            return self._refused(outcome, f"POST /api/releases: {_status(response)}")
+        release = Release.model_validate(response.json())
+        log.info(
+            "release started",
+            release_id=release.release_id,
+            resource=release.resource,
+            label=release.label,
+            baseline=release.baseline,
+            candidate=release.candidate,
+            state=release.state,
+        )
+        return {**outcome, "baseline": release.baseline, "state": release.state, "earlier": False}
+
+    def _started_earlier(self, outcome: dict[str, Any], release: Release) -> dict[str, Any]:
+        mine = (release.resource, release.label, release.candidate)
+        if mine != (self.resource, self.release_label, outcome["candidate"]):
+            return self._refused(
+                outcome,
+                f"release id {release.release_id} is taken by a release of {release.resource} "
+                f"{release.label} -> {release.candidate}",
+            )
+        log.info(
+            "the release was started by an earlier invocation of this run; none started now",
+            release_id=release.release_id,
+            state=release.state,
+        )
+        return {**outcome, "baseline": release.baseline, "state": release.state, "earlier": True}
+
+    def _no_release(self, why: str, version: int | None) -> dict[str, Any]:
+        log.warning("no release started", label=self.release_label, candidate=version, why=why)
+        return {"resource": self.resource, "label": self.release_label, "candidate": version, "skipped": why}
+
+    def _refused(self, outcome: dict[str, Any], error: str) -> dict[str, Any]:
+        log.error(
+            "could not start the release; the run succeeded and its checkpoints stay on disk",
+            release_id=outcome["release_id"],
+            label=self.release_label,
+            candidate=outcome["candidate"],
+            error=error,
+        )
+        return {**outcome, "error": error}
 
     def _protected(self, why: str) -> TrainError:
         return TrainError(
@@ -200,6 +335,16 @@ def read_published(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def release_id_of(run_id: str, version: int) -> str:
+    """The id of the release a run starts of its final `version`: the same for every invocation of
+    the run (a resumed one included), so the gateway's record of it is what makes starting it once."""
+    return f"{run_id}.release.v{version}"
+
+
+def _status(response: httpx.Response) -> str:
+    return f"HTTP {response.status_code}: {_detail(response)}"
 
 
 def _detail(response: httpx.Response) -> str:

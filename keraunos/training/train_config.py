@@ -9,13 +9,15 @@ config answer at once.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
 from keraunos.protocol import ID_MAX_LENGTH, ID_RE, ID_RULE
+from keraunos.release.plan_input import OptionNames, StartPlan, start_plan
 from keraunos.training._outcome import FailedPolicy
 from keraunos.training.advantages import Estimator
 from keraunos.training.trajectories import Level
@@ -29,11 +31,25 @@ EMBEDDED = "embedded"
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
+#: The release fields that shape its plan (they mean nothing without `release_label`).
+_RELEASE_OPTIONS = (
+    "release_plan",
+    "release_stages",
+    "release_min_stage_rollouts",
+    "release_approve_promotion",
+    "release_replay_file",
+    "release_replay_pairs",
+)
+_RELEASE_NAMES = OptionNames(
+    stages="release_stages", replay_file="release_replay_file", replay_pairs="release_replay_pairs"
+)
+
 
 class TrainConfig(LayeredSettings):
     """Everything `keraunos train` needs; every field is a CLI flag, an env var and a YAML key."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    _release: StartPlan | None = PrivateAttr(default=None)
 
     # -- what to train on -------------------------------------------------------------------------
     dataset: str = Field(
@@ -256,6 +272,40 @@ class TrainConfig(LayeredSettings):
         description="Move this label (e.g. candidate) to every version pushed; a protected one "
         "(production) is refused: a release moves it.",
     )
+    release_label: str = Field(
+        default="",
+        description="When the run ends, start a release of its final checkpoint's version on this "
+        "label (e.g. production) through the run's gateway, as keraunos release start does; needs "
+        "publish_resource and a gateway URL. Empty: no release.",
+    )
+    release_plan: str = Field(
+        default="",
+        description="YAML or JSON file with the release's plan, as keraunos release start --plan "
+        "reads it; the release_* fields below override its fields. Empty: the default plan.",
+    )
+    release_stages: str = Field(
+        default="",
+        description="The candidate's share in each canary stage of the release, increasing and "
+        "comma-separated (e.g. 0.05,0.25,0.5); empty: the plan's.",
+    )
+    release_min_stage_rollouts: int | None = Field(
+        default=None,
+        ge=1,
+        description="Finished rollouts a release stage sees without a decision before the next one "
+        "(default: the plan's).",
+    )
+    release_approve_promotion: bool | None = Field(
+        default=None,
+        description="The release waits for an approver before promoting (default: the plan's, else no).",
+    )
+    release_replay_file: str = Field(
+        default="",
+        description="A paired replay first: these rollouts (one JSON object a line, as POST "
+        "/api/rollouts takes them), each run by both versions; empty: no replay.",
+    )
+    release_replay_pairs: int | None = Field(
+        default=None, ge=1, description="How many of the replay items to run (default: all of them)."
+    )
 
     # -- time constants -------------------------------------------------------------------------
     poll_interval_s: float = Field(default=0.5, gt=0, description="Seconds between collector polls.")
@@ -326,7 +376,7 @@ class TrainConfig(LayeredSettings):
                 raise ValueError(f"{url!r} is no http:// or https:// URL")
         return value
 
-    @field_validator("publish_resource", "publish_label")
+    @field_validator("publish_resource", "publish_label", "release_label")
     @classmethod
     def _id(cls, value: str) -> str:
         # The gateway's own rule for resource and label names, checked before the run starts.
@@ -363,6 +413,7 @@ class TrainConfig(LayeredSettings):
             )
         if self.publish_label and not self.publish_resource:
             raise ValueError("publish_label needs publish_resource: the resource whose label it is")
+        self._check_release()
         if self.publish_resource and self.keep_checkpoints:
             # A published version points at its checkpoint directory: pruning would delete what the
             # registry (and any release of it) points at. Unset, the default gives way to keeping all.
@@ -379,6 +430,38 @@ class TrainConfig(LayeredSettings):
         self._check_serving()
         self._check_ranks()
         return self
+
+    def _check_release(self) -> None:
+        """The release's fields, and its plan built once (files read, plan checked) before the run."""
+        options = [name for name in _RELEASE_OPTIONS if getattr(self, name) not in ("", None)]
+        if not self.release_label:
+            if options:
+                verb = "needs" if len(options) == 1 else "need"
+                raise ValueError(f"{', '.join(options)} {verb} release_label: the label the release moves")
+            return
+        if not self.publish_resource:
+            raise ValueError(
+                "release_label needs publish_resource: the release is of the version it published"
+            )
+        if self.embedded_gateway:
+            raise ValueError(
+                "release_label needs a gateway URL: an embedded gateway stops with the run, so no "
+                "runner could drive the release, and its ledger has no baseline for the label"
+            )
+        if self.release_label == self.publish_label:
+            raise ValueError(
+                f"release_label and publish_label are both {self.release_label!r}: the run moves "
+                "publish_label itself, a release moves release_label from its version"
+            )
+        self._release = start_plan(
+            plan_file=Path(self.release_plan) if self.release_plan else None,
+            stages=self.release_stages or None,
+            min_stage_rollouts=self.release_min_stage_rollouts,
+            approve_promotion=self.release_approve_promotion,
+            replay_file=Path(self.release_replay_file) if self.release_replay_file else None,
+            replay_pairs=self.release_replay_pairs,
+            names=_RELEASE_NAMES,
+        )
 
     def _check_ranks(self) -> None:
         if self.nproc_per_node == 1:
@@ -398,6 +481,11 @@ class TrainConfig(LayeredSettings):
             raise ValueError("engine_command starts replicas: set engine_replicas too")
         if self.engine_replicas and self.engine_kind == "vllm" and not self.engine_command:
             raise ValueError("engine_replicas of vLLM need engine_command (the vllm serve line, with {port})")
+
+    @property
+    def release(self) -> StartPlan | None:
+        """The plan and replay inputs of the release started when the run ends (None: no release)."""
+        return self._release
 
     @property
     def embedded_gateway(self) -> bool:
