@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -38,6 +42,7 @@ from keraunos.release._cli import (
     when,
 )
 from keraunos.release.registry_client import AUDIT_PAGE, RegistryClient
+from keraunos.release.version_stats import ResourceStats, VersionStats
 from keraunos.resources import LabelMove, ResourceKind, ResourcePush, ResourceVersion, normalized_content
 
 
@@ -274,6 +279,135 @@ def label(
         typer.echo(f"{moved.name} {moved.label} -> {moved.version}")
 
 
+_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_WHEN_HELP = (
+    "a duration back from now (90s, 30m, 1h, 2d, 1w), a date and time (2026-12-01T10:00, in UTC "
+    "unless it gives its offset), or unix seconds"
+)
+
+
+def parse_time(text: str, now: float) -> float:
+    """Unix seconds from a `--since`/`--until` value (see `_WHEN_HELP`); ValueError saying what
+    is accepted when it is none of them."""
+    text = text.strip()
+    if ago := _AGO.fullmatch(text):
+        return now - float(ago[1]) * _SECONDS[ago[2]]
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(seconds):  # NaN and infinities are no time
+            return seconds
+        raise ValueError(f"{text!r} is not a time: give {_WHEN_HELP}")
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: give {_WHEN_HELP}") from None
+    return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp()
+
+
+def _window_time(option: str, text: str | None, now: float) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_time(text, now)
+    except ValueError as exc:
+        fail(f"{option} {exc}", 2)
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _stats_row(item: VersionStats) -> list[str]:
+    interval = (
+        "-"
+        if item.reward_lower is None or item.reward_upper is None
+        else f"[{item.reward_lower:.3f}, {item.reward_upper:.3f}]"
+    )
+    errors = "-" if item.error_rate is None else f"{item.failed} ({item.error_rate:.1%})"
+    releases = ", ".join(f"{r.release_id}:{r.arm} ({r.rollouts})" for r in item.releases)
+    latency = f"{_number(item.latency_p50_s, 2)} / {_number(item.latency_p95_s, 2)}"
+    return [
+        str(item.version),
+        str(item.rollouts),
+        str(item.finished),
+        errors,
+        str(item.rewarded),
+        _number(item.reward_mean),
+        interval,
+        latency + (" ~" if item.latency_sampled else ""),
+        str(item.excluded),
+        _short(releases),
+    ]
+
+
+def _window_title(answer: ResourceStats) -> str:
+    since = "the start" if answer.since is None else f"{when(answer.since)} UTC"
+    until = "now" if answer.until is None else f"{when(answer.until)} UTC"
+    return f"{answer.resource}: rollouts created from {since} until {until}"
+
+
+def stats(
+    name: Annotated[str, typer.Argument(help="The resource.")],
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help=f"Count rollouts created at or after this time: {_WHEN_HELP}. [default: no bound]",
+            show_default=False,
+            metavar="WHEN",
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until",
+            help="Count rollouts created before this time, in the same forms. [default: no bound]",
+            show_default=False,
+            metavar="WHEN",
+        ),
+    ] = None,
+    gateway: GatewayOption = DEFAULT_GATEWAY,
+    key: KeyOption = "",
+    as_json: JsonOption = False,
+) -> None:
+    """Per-version statistics of the rollouts created in a window: for each version of the
+    resource they were assigned, rollouts, finished, failed (error rate), rewarded, mean reward
+    with its anytime-valid 95 % interval (a confidence sequence over the rewards clipped to
+    [0, 1]: valid however often you look), latency p50/p95 of finished rollouts (~: from a sample),
+    rollouts a rollback excluded from training, and the releases that assigned the version.
+    """
+    now = time.time()
+    low, high = _window_time("--since", since, now), _window_time("--until", until, now)
+    with one_line(), _client(gateway, key) as client:
+        answer = client.stats(name, low, high)
+    if as_json:
+        print_json(answer)
+        return
+    table = Table(
+        "version",
+        "rollouts",
+        "finished",
+        "failed",
+        "rewarded",
+        "reward mean",
+        f"{1 - answer.alpha:.0%} interval",
+        "latency p50 / p95 (s)",
+        "excluded",
+        "releases",
+        title=_window_title(answer),
+    )
+    for item in answer.versions:
+        table.add_row(*_stats_row(item))
+    console = Console()
+    console.print(table)
+    if not answer.versions:
+        console.print("no rollouts of this resource were created in the window", markup=False)
+
+
 def resource_app() -> typer.Typer:
     """The `keraunos resource` commands."""
     app = typer_app(
@@ -287,6 +421,7 @@ def resource_app() -> typer.Typer:
     app.command("show")(show)
     app.command("diff")(diff)
     app.command("label")(label)
+    app.command("stats")(stats)
     return app
 
 

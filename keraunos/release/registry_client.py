@@ -1,7 +1,8 @@
 """A synchronous HTTP client of the gateway's resource registry and audit log (docs/protocol.md#resources).
 
-One method per route of `/api/resources`, `GET /api/rollouts/{rollout_id}/resources` and
-`GET /api/audit`; answers come back as the shapes of `keraunos.resources` and `keraunos.audit`.
+One method per route of `/api/resources` (its per-version `stats` included), `GET
+/api/rollouts/{rollout_id}/resources` and `GET /api/audit`; answers come back as the shapes of
+`keraunos.resources`, `keraunos.release.version_stats` and `keraunos.audit`.
 As the controller's client does (`keraunos.controller.client`), an answer the caller did not ask
 for raises `GatewayError` carrying the status and the gateway's `detail` text, and a gateway that
 cannot be reached raises `GatewayUnreachable`. `refused_by_caller` tells the CLI which of those
@@ -19,6 +20,7 @@ import httpx
 from keraunos.audit import AuditEntry
 from keraunos.controller._urls import path_segment
 from keraunos.controller.client import GatewayError, GatewayUnreachable
+from keraunos.release.version_stats import ResourceStats
 from keraunos.resources import Label, LabelMove, PushResult, ResourcePush, ResourceSummary, ResourceVersion
 
 #: Most audit entries one `GET /api/audit` page asks for.
@@ -124,6 +126,14 @@ class RegistryClient:
         path = f"{_resource_path(name)}/labels/{path_segment(label)}"
         response = self._request("PUT", path, json=move.model_dump(mode="json"), ok=(200, 201))
         return Label.model_validate(response.json())
+
+    def stats(self, name: str, since: float | None = None, until: float | None = None) -> ResourceStats:
+        """Per-version statistics of the rollouts created in `[since, until)` (None: unbounded)."""
+        params = {
+            key: repr(value) for key, value in (("since", since), ("until", until)) if value is not None
+        }
+        answer = self._request("GET", f"{_resource_path(name)}/stats", params=params)
+        return ResourceStats.model_validate(answer.json())
 
     def rollout_resources(self, rollout_id: str) -> dict[str, dict[str, Any]]:
         """The versions recorded on a rollout: name -> `{"selector", "version"}` as the gateway answers."""

@@ -57,6 +57,7 @@ def refused(result: subprocess.CompletedProcess[str], status: int) -> str:
         ("resource", "show"),
         ("resource", "diff"),
         ("resource", "label"),
+        ("resource", "stats"),
         ("audit",),
         ("audit", "verify"),
     ],
