@@ -94,7 +94,9 @@ def create_app(
     app.state.config = config
     app.state.ledger = ledger
     app.state.proxy = proxy
-    app.state.caches = CacheEvents(proxy.endpoints, proxy.rollouts, proxy.pins)  # told by the /api write routes
+    app.state.caches = CacheEvents(
+        proxy.endpoints, proxy.rollouts, proxy.pins
+    )  # told by the /api write routes
     app.state.metrics = metrics
     app.state.token_secret = token_secret(config.token_secret, config.key)
 

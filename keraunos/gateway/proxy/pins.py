@@ -35,7 +35,9 @@ class WeightsPin:
     def describe(self) -> str:
         """The pin in an error message: resource, version and the engines' weights version."""
         served = (
-            f"model version {self.model_version}" if self.model_version is not None else f"model {self.model!r}"
+            f"model version {self.model_version}"
+            if self.model_version is not None
+            else f"model {self.model!r}"
         )
         return f"weights {self.resource!r} version {self.version} ({served})"
 
