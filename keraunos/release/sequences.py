@@ -146,6 +146,38 @@ class BoundedMean:
             upper=upper,
         )
 
+    def extend(self, x: np.ndarray) -> BoundedMean:
+        """The state after every value of `x` (1-D, already in [0, 1]) in order: `add` once per
+        value, computed with cumulative sums (as `confidence_sequence` does), for long streams
+        read in pages; equal to the repeated `add` up to rounding."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.size == 0:
+            return self
+        log_term = math.log(2 / self.alpha)
+        t = np.arange(self.n + 1, self.n + x.size + 1, dtype=np.float64)
+        total = self.total + np.cumsum(x)  # the sum after each value
+        total_before = np.concatenate(([self.total], total[:-1]))
+        squares = self.squares + np.cumsum((x - (0.5 + total) / (t + 1)) ** 2)
+        squares_before = np.concatenate(([self.squares], squares[:-1]))
+        mean_before = (0.5 + total_before) / t
+        var_before = (0.25 + squares_before) / t
+        bet = np.minimum(np.sqrt(2 * log_term / (var_before * t * np.log1p(t))), self.max_bet)
+        bets = self.bets + np.cumsum(bet)
+        weighted = self.weighted + np.cumsum(bet * x)
+        penalties = self.penalties + np.cumsum((x - mean_before) ** 2 * (-np.log1p(-bet) - bet))
+        centre, radius = weighted / bets, (log_term + penalties) / bets
+        return replace(
+            self,
+            n=self.n + x.size,
+            total=float(total[-1]),
+            squares=float(squares[-1]),
+            bets=float(bets[-1]),
+            weighted=float(weighted[-1]),
+            penalties=float(penalties[-1]),
+            lower=max(self.lower, float(np.clip(centre - radius, 0.0, 1.0).max())),
+            upper=min(self.upper, float(np.clip(centre + radius, 0.0, 1.0).min())),
+        )
+
     @property
     def mean(self) -> float:
         """The plain sample mean (0.5 before any value)."""

@@ -4,9 +4,10 @@ The ledger lists the rollouts assigned a version of a resource as `VersionOutcom
 page in creation order (`Ledger.version_outcomes`); `VersionTally` folds those pages into one
 `VersionStats` per version: counts, the error rate, the mean reward with an anytime-valid
 confidence interval, latency quantiles, exclusions and the releases that assigned the version.
-Memory is bounded per version whatever the window holds: the reward's interval is the one-step
-state of `keraunos.release.sequences.BoundedMean`, and latencies are kept exactly up to
-`LATENCY_SAMPLE` per version, then as a uniform reservoir sample of that size.
+Memory is bounded per version whatever the window holds: the reward's interval is the running
+state of `keraunos.release.sequences.BoundedMean` (a few numbers, extended by each page's
+rewards), and latencies are kept exactly up to `LATENCY_SAMPLE` per version, then as a uniform
+reservoir sample of that size.
 
 Pure: no I/O, no clock; the gateway's route reads the pages and the CLI prints the answer.
 """
@@ -18,6 +19,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from keraunos.release.sequences import BoundedMean
@@ -134,7 +136,9 @@ class VersionTally:
         self._versions: dict[int, _Version] = {}
 
     def add(self, outcomes: Iterable[VersionOutcome]) -> None:
-        """Count each outcome under its version."""
+        """Count each outcome under its version; each version's interval then takes the page's
+        rewards at once (`BoundedMean.extend`, a few array operations instead of one `add` each)."""
+        rewards: dict[int, list[float]] = {}
         for outcome in outcomes:
             tally = self._versions.get(outcome.version)
             if tally is None:
@@ -142,26 +146,34 @@ class VersionTally:
                     outcome.version, interval=BoundedMean(self.alpha), sampler=random.Random(outcome.version)
                 )
                 self._versions[outcome.version] = tally
-            self._count(tally, outcome)
+            bounded = self._count(tally, outcome)
+            if bounded is not None:
+                rewards.setdefault(outcome.version, []).append(bounded)
+        for version, values in rewards.items():
+            tally = self._versions[version]
+            tally.interval = tally.interval.extend(np.array(values))
 
-    def _count(self, tally: _Version, outcome: VersionOutcome) -> None:
+    def _count(self, tally: _Version, outcome: VersionOutcome) -> float | None:
+        """Count `outcome`; its reward clipped to [0, 1] for the interval, or None without one."""
         tally.rollouts += 1
         tally.excluded += outcome.excluded
         if outcome.release_id is not None:
             where = (outcome.release_id, outcome.arm or "")
             tally.releases[where] = tally.releases.get(where, 0) + 1
         if not outcome.finished:
-            return
+            return None
         tally.finished += 1
         tally.failed += outcome.error
-        if outcome.reward is not None and math.isfinite(outcome.reward):
-            tally.rewarded += 1
-            tally.reward_total += outcome.reward
-            bounded = min(max(outcome.reward, 0.0), 1.0)
-            tally.clipped += bounded != outcome.reward
-            tally.interval = tally.interval.add(bounded)
         if outcome.latency_s is not None:
             self._keep_latency(tally, outcome.latency_s)
+        reward = outcome.reward
+        if reward is None or not math.isfinite(reward):
+            return None
+        tally.rewarded += 1
+        tally.reward_total += reward
+        bounded = min(max(reward, 0.0), 1.0)
+        tally.clipped += bounded != reward
+        return bounded
 
     def _keep_latency(self, tally: _Version, latency: float) -> None:
         """Reservoir sampling (Vitter's algorithm R), seeded by the version number, so the same
