@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from keraunos.gateway.api.audit import AuditAppend
 from keraunos.gateway.api.releases import DecisionPost, ReleaseClaim, ReleaseCommandBody, ReleaseStart
 from keraunos.protocol import (
     ClaimRequest,
@@ -39,6 +40,7 @@ REQUEST_MODELS = (
     ReleaseClaim,
     DecisionPost,
     ReleaseCommandBody,
+    AuditAppend,
 )
 
 _ERROR_SCHEMA = {

@@ -3,11 +3,13 @@
 A scoped key (`--keys-file`) carries a role. The roles nest where the work does: a `reader` only
 looks; a `controller` also runs attempts (claims, heartbeats, events, logs, the proxy); a `trainer`
 also creates and deletes rollouts, registers endpoints, pauses the proxy, pushes resources, moves
-labels that are not protected, and starts and aborts releases; an `approver` looks, moves any
-label, protected ones included (`production` by default) — the one step a trainer must not take
-alone —, approves, aborts and rolls back releases, and runs them (`keraunos release run` claims
-releases and posts the decisions that may promote: it runs with an approver's key); an `admin`
-may do everything, as the server key does. Agent tokens are not roles: `_auth.in_scope` scopes them.
+labels that are not protected, starts and aborts releases, and appends its own actions to the
+audit log (`POST /api/audit`, client namespaces only: an optimizer's model calls); an `approver`
+looks, moves any label, protected ones included (`production` by default) — the one step a
+trainer must not take alone —, approves, aborts and rolls back releases, and runs them
+(`keraunos release run` claims releases and posts the decisions that may promote: it runs with an
+approver's key); an `admin` may do everything, as the server key does. Agent tokens are not
+roles: `_auth.in_scope` scopes them.
 
 Nothing here does I/O; the auth middleware calls `allows` with the request's method and path.
 """
@@ -71,6 +73,7 @@ _TRAINER = (
     Grant(frozenset({"PUT"}), _LABELS, unprotected_only=True),
     Grant(frozenset({"POST"}), "/api/releases"),
     Grant(frozenset({"POST"}), "/api/releases/*/abort"),
+    Grant(frozenset({"POST"}), "/api/audit"),
 )
 # The release runner's calls are an approver's: a decision it posts may promote a candidate, which
 # moves a protected label; a trainer that could post one could promote its own candidate alone.

@@ -111,7 +111,7 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/resources/{name}/stats": {"get"},
         "/api/resources/{name}/labels/{label}": {"put"},
         "/api/rollouts/{rollout_id}/resources": {"get"},
-        "/api/audit": {"get"},
+        "/api/audit": {"get", "post"},
         "/api/releases": {"get", "post"},
         "/api/releases/claim": {"post"},
         "/api/releases/{release_id}": {"get"},
@@ -134,6 +134,7 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         ("/api/releases/claim", "post", "ReleaseClaim"),
         ("/api/releases/{release_id}/decisions", "post", "DecisionPost"),
         ("/api/releases/{release_id}/abort", "post", "ReleaseCommandBody"),
+        ("/api/audit", "post", "AuditAppend"),
     ]:
         body = paths[path][method]["requestBody"]["content"]["application/json"]["schema"]
         assert model in str(body)

@@ -47,6 +47,7 @@ CALLS: list[tuple[str, str, frozenset[str]]] = [
     ("PUT", LABEL, frozenset({"trainer", "approver"})),
     ("GET", f"{REL}/observations", frozenset({"reader", "controller", "trainer", "approver"})),
     ("POST", "/api/releases", frozenset({"trainer"})),
+    ("POST", "/api/audit", frozenset({"trainer"})),
     ("POST", "/api/releases/claim", frozenset({"approver"})),
     ("POST", f"{REL}/decisions", frozenset({"approver"})),
     ("POST", f"{REL}/abort", frozenset({"trainer", "approver"})),
@@ -56,7 +57,6 @@ CALLS: list[tuple[str, str, frozenset[str]]] = [
     ("DELETE", REL, frozenset()),
     # Nothing below the admin may call what no line grants.
     ("DELETE", "/api/resources/system_prompt", frozenset()),
-    ("POST", "/api/audit", frozenset()),
     ("PUT", "/api/rollouts/r1", frozenset()),
     ("POST", "/api/rollouts/r1/attempt/2/events/extra", frozenset()),
     ("POST", "/api/models/extra", frozenset()),
