@@ -34,7 +34,8 @@ import structlog
 
 from keraunos.controller._urls import path_segment
 from keraunos.gateway.config import GatewayConfig
-from keraunos.release.plan import Release
+from keraunos.release.start_once import detail as _detail
+from keraunos.release.start_once import release_id_of, skipped, start_release_once
 from keraunos.resources import LabelMove, PushResult, ResourcePush, WeightsContent
 from keraunos.training.errors import TrainError
 from keraunos.training.train_config import TrainConfig
@@ -181,88 +182,17 @@ class CheckpointPublisher:
                 why += f": {last['error']}"
             return self._no_release(why, None)
         version = int(last["version"])
-        release_id = release_id_of(self.run_id, version)
-        outcome: dict[str, Any] = {
-            "release_id": release_id,
-            "resource": self.resource,
-            "label": self.release_label,
-            "candidate": version,
-        }
-        try:
-            earlier = await self._client.get(f"/api/releases/{path_segment(release_id)}")
-            if earlier.status_code == 200:
-                return self._started_earlier(outcome, Release.model_validate(earlier.json()))
-            if earlier.status_code != 404:
-                return self._refused(outcome, f"GET /api/releases/{release_id}: {_status(earlier)}")
-            labels = await self._client.get(f"/api/resources/{path_segment(self.resource)}/labels")
-            if labels.status_code != 200:
-                return self._refused(outcome, f"GET the labels of {self.resource}: {_status(labels)}")
-            current = next(
-                (int(i["version"]) for i in labels.json() if i["label"] == self.release_label), None
-            )
-            if current == version:
-                return self._no_release(
-                    f"label {self.release_label!r} already points at version {version}", version
-                )
-            if current is None:
-                return self._refused(
-                    outcome,
-                    f"label {self.release_label!r} of {self.resource} points at no version: a release "
-                    "needs its baseline there (keraunos resource label)",
-                )
-            body = {
-                "release_id": release_id,
-                "resource": self.resource,
-                "label": self.release_label,
-                "candidate": version,
-                "plan": plan.plan_json(),
-                "replay_items": plan.replay_items,
-            }
-            response = await self._client.post("/api/releases", json=body)
-        except httpx.HTTPError as exc:
-            return self._refused(outcome, f"gateway unreachable: {exc!r}")
-        if response.status_code != 201:
-            return self._refused(outcome, f"POST /api/releases: {_status(response)}")
-        release = Release.model_validate(response.json())
-        log.info(
-            "release started",
-            release_id=release.release_id,
-            resource=release.resource,
-            label=release.label,
-            baseline=release.baseline,
-            candidate=release.candidate,
-            state=release.state,
+        return await start_release_once(
+            self._client,
+            release_id=release_id_of(self.run_id, version),
+            resource=self.resource,
+            label=self.release_label,
+            candidate=version,
+            plan=plan,
         )
-        return {**outcome, "baseline": release.baseline, "state": release.state, "earlier": False}
-
-    def _started_earlier(self, outcome: dict[str, Any], release: Release) -> dict[str, Any]:
-        mine = (release.resource, release.label, release.candidate)
-        if mine != (self.resource, self.release_label, outcome["candidate"]):
-            return self._refused(
-                outcome,
-                f"release id {release.release_id} is taken by a release of {release.resource} "
-                f"{release.label} -> {release.candidate}",
-            )
-        log.info(
-            "the release was started by an earlier invocation of this run; none started now",
-            release_id=release.release_id,
-            state=release.state,
-        )
-        return {**outcome, "baseline": release.baseline, "state": release.state, "earlier": True}
 
     def _no_release(self, why: str, version: int | None) -> dict[str, Any]:
-        log.warning("no release started", label=self.release_label, candidate=version, why=why)
-        return {"resource": self.resource, "label": self.release_label, "candidate": version, "skipped": why}
-
-    def _refused(self, outcome: dict[str, Any], error: str) -> dict[str, Any]:
-        log.error(
-            "could not start the release; the run succeeded and its checkpoints stay on disk",
-            release_id=outcome["release_id"],
-            label=self.release_label,
-            candidate=outcome["candidate"],
-            error=error,
-        )
-        return {**outcome, "error": error}
+        return skipped({"resource": self.resource, "label": self.release_label, "candidate": version}, why)
 
     def _protected(self, why: str) -> TrainError:
         return TrainError(
@@ -335,22 +265,3 @@ def read_published(run_dir: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def release_id_of(run_id: str, version: int) -> str:
-    """The id of the release a run starts of its final `version`: the same for every invocation of
-    the run (a resumed one included), so the gateway's record of it is what makes starting it once."""
-    return f"{run_id}.release.v{version}"
-
-
-def _status(response: httpx.Response) -> str:
-    return f"HTTP {response.status_code}: {_detail(response)}"
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200]
-    detail = body.get("detail") if isinstance(body, dict) else None
-    return str(detail)[:300] if detail is not None else response.text[:200]
