@@ -285,8 +285,23 @@ class Run:
             "candidates": len(self.result.candidates),
             "proposer_calls": self.proposer_calls,
             "oracle_curve": self.oracle_curve,
-            "result": self.result.to_json(),
+            "result": slim(self.result.to_json()),
         }
+
+
+def slim(result: dict[str, Any]) -> dict[str, Any]:
+    """A search result without the bulk: each candidate's rules (not its text) and its mean by split
+    instead of the per-instance rewards."""
+    for candidate in result["candidates"]:
+        rules, decoys = parse(candidate.pop("template"))
+        candidate["rules"], candidate["decoys"] = (
+            sorted(rules, key=NAMES.index),
+            sorted(decoys, key=NAMES.index),
+        )
+        scores = candidate.pop("scores")
+        candidate["means"] = {split: sum(r.values()) / len(r) for split, r in scores.items()}
+        candidate["evaluated"] = {split: len(r) for split, r in scores.items()}
+    return result
 
 
 def one_run(
@@ -398,6 +413,7 @@ def plot(runs: list[Run], arms: list[str], path: Path, budget: int) -> None:
                 xs = [x for x, _ in curve_of(run)] + [run.result.spent]
                 ys = [y for _, y in curve_of(run)] + [curve_of(run)[-1][1]]
                 axes.step(xs, ys, where="post", color=colour, alpha=0.2, linewidth=1)
+                axes.plot(xs[-2:-1], ys[-2:-1], marker="o", markersize=3, color=colour, alpha=0.5)
             xs, ys = step_median([curve_of(r) for r in mine], budget)
             axes.plot(xs, ys, color=colour, linewidth=2, label=f"{arm} (median of {len(mine)})")
         axes.set_title(title, fontsize=10)
