@@ -413,7 +413,8 @@ def plot(runs: list[Run], arms: list[str], path: Path, budget: int) -> None:
                 xs = [x for x, _ in curve_of(run)] + [run.result.spent]
                 ys = [y for _, y in curve_of(run)] + [curve_of(run)[-1][1]]
                 axes.step(xs, ys, where="post", color=colour, alpha=0.2, linewidth=1)
-                axes.plot(xs[-2:-1], ys[-2:-1], marker="o", markersize=3, color=colour, alpha=0.5)
+                if axes is panels[0]:  # where the search last learnt a validation score
+                    axes.plot(xs[-2:-1], ys[-2:-1], marker="o", markersize=3, color=colour, alpha=0.5)
             xs, ys = step_median([curve_of(r) for r in mine], budget)
             axes.plot(xs, ys, color=colour, linewidth=2, label=f"{arm} (median of {len(mine)})")
         axes.set_title(title, fontsize=10)
