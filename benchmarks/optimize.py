@@ -351,7 +351,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"`python benchmarks/optimize.py --seeds {args['seeds']} --budget {args['budget']} "
         f"--minibatch {args['minibatch']} --beam-width {args['beam_width']} --branch {args['branch']} "
-        f"--merge {args['merge']} --decoy {args['decoy']} --wrong {args['wrong']}` at {report['commit']}, "
+        f"--merge {args['merge']} --decoy {args['decoy']} --wrong {args['wrong']} "
+        f"--beam-variants '{args['beam_variants']}' --train {args['train']} --val {args['val']} "
+        f"--task-seed {args['task_seed']}` at {report['commit']}, "
         f"{report['started']} ({report['seconds']:.1f} s wall, Python {report['python']}). "
         f"{len(RULES)} rules, {args['train']} training and {args['val']} validation tickets "
         f"(task seed {args['task_seed']}); the optimum scores 1.000. Cells: median (min - max) over "
