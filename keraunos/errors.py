@@ -40,7 +40,8 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── RankError             training.backends.torch.ranks: a rank of a multi-process trainer died
     ├── ReplicaError          training.backends.external: a replica did not take an update
     ├── PolicyLoadError       training.backends.torch.policy: the policy cannot be loaded
-    └── DemoError             demo.command: the demo cannot run as asked
+    ├── DemoError             demo.command: the demo cannot run as asked
+    └── ProposerError         optimize.proposer: the optimizer model failed after its retries, or refused a request
 ```
 
 Exceptions used for control flow inside one module (a watch that must restart, a batch to fail,
