@@ -21,7 +21,7 @@ from keraunos.testing.cassette import (
     load_cassette,
     start_cassette,
 )
-from keraunos.testing.processes import SERVED_MODEL, Engine
+from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, unique_id
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -151,3 +151,37 @@ def test_record_mode_needs_an_upstream_and_a_file_that_is_not_a_cassette_names_i
     bad.write_text('{"key": "k", "request": {}, "response": {}}\nnot json\n')
     with pytest.raises(ConfigError, match=r"bad\.jsonl:2"):
         load_cassette(bad)
+
+
+def test_agent_calls_through_the_gateway_proxy_are_recorded_once_and_replayed_identically(
+    cassettes: Start, engine: Engine, session_gateway_factory: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    engine.reset()
+    path = tmp_path / "agent-calls.jsonl"
+    agent_call = {
+        "model": "agent-side-name",
+        "messages": [{"role": "user", "content": "2 + 2?"}],
+        "max_tokens": 6,
+    }
+
+    def through_proxy(cassette: CassetteServer) -> dict[str, Any]:
+        gateway = session_gateway_factory(args=("--served-model", SERVED_MODEL))
+        rollout = unique_id("cas")
+        with gateway.client() as api:
+            endpoint = [{"model": SERVED_MODEL, "endpoint": cassette.api_root}]
+            assert api.post("/api/models", json=endpoint).status_code == 201
+            assert api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout}]).status_code == 201
+        url = f"{gateway.proxy_base(rollout, '0', 'val')}/chat/completions"
+        answer = httpx.post(url, json=agent_call, headers=gateway.headers, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    recorder = cassettes(path=path, mode="record", upstream=engine.endpoint)
+    recorded = through_proxy(recorder)
+    recorder.stop()
+    player = cassettes(path=path, mode="replay")
+    assert through_proxy(player) == recorded  # a second gateway, the same shaped request
+    player.check_no_misses()
+    assert engine.stats()["requests"] == 1
+    [line] = load_cassette(path).values()
+    assert line["request"]["model"] == SERVED_MODEL and line["request"]["return_token_ids"] is True
