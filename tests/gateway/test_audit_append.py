@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -165,7 +164,7 @@ def test_evidence_the_chain_could_not_hash_back_exactly_is_422(keyed: Gateway) -
 
 
 def test_keraunos_audit_verify_passes_after_appended_entries(
-    keyed: Gateway, cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+    keyed: Gateway, cli: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     with as_key(keyed, "trainer-1") as trainer:
         for n in range(3):
