@@ -77,6 +77,14 @@ COMMANDS: tuple[Command, ...] = (
         "statistics, automatic rollback, the runner that drives them.",
     ),
     Command(
+        "optimize",
+        "keraunos.optimize.main:optimize_app",
+        "Optimise a prompt resource with real rollouts, the winner gated by a release "
+        "(see keraunos optimize --help).",
+        "Prompt optimisation (pareto, beam, random) over a prompt resource: candidates as versions, "
+        "scores from val-mode rollouts, the winner released through the replay gate and canary.",
+    ),
+    Command(
         "engine-mock",
         "keraunos.testing._engine_cli:engine_mock_app",
         "A vLLM-compatible model server stand-in, for testing an agent without a GPU "

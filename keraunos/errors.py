@@ -19,7 +19,8 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── ObservationError      release.sequences: a reward, arm or fraction the release statistics cannot take
 │   ├── InvalidReleaseCommand release.plan: approve, abort or rollback in a state that does not allow it
 │   ├── PlanInputError        release.plan_input: a release plan file, replay file or plan option that makes no plan
-│   └── InvalidResource       resources: resource content that does not fit its kind
+│   ├── InvalidResource       resources: resource content that does not fit its kind
+│   └── DatasetError          optimize.run: a dataset file that cannot be read as instances
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,
     │                         InvalidTransition, AttemptNotFound, AttemptConflict,
@@ -41,7 +42,8 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── ReplicaError          training.backends.external: a replica did not take an update
     ├── PolicyLoadError       training.backends.torch.policy: the policy cannot be loaded
     ├── DemoError             demo.command: the demo cannot run as asked
-    └── ProposerError         optimize.proposer: the optimizer model failed after its retries, or refused a request
+    ├── ProposerError         optimize.proposer: the optimizer model failed after its retries, or refused a request
+    └── OptimizeGatewayError  optimize.gateway: the gateway refused or failed a call the optimiser needs
 ```
 
 Exceptions used for control flow inside one module (a watch that must restart, a batch to fail,
