@@ -120,10 +120,9 @@ def _check_evidence(evidence: dict[str, Any] | None) -> None:
         return
     try:
         dumped = orjson.dumps(evidence)
-        exact = orjson.loads(dumped) == evidence
     except orjson.JSONEncodeError:
-        exact = False
-    if not exact:
+        dumped = b""
+    if not dumped or orjson.loads(dumped) != evidence:
         raise RequestValidationError(
             [
                 {
