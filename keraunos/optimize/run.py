@@ -31,7 +31,7 @@ from keraunos.optimize.config import OptimizeConfig
 from keraunos.optimize.gateway import GatewayCandidateStore, GatewayEvaluator
 from keraunos.optimize.proposer import GatewayCallLog, ModelProposer, read_answers
 from keraunos.optimize.scoreboard import Progress, SearchResult
-from keraunos.optimize.search import run_search
+from keraunos.optimize.search import SearchConfig, run_search
 from keraunos.optimize.types import Instance
 from keraunos.release.plan import ReplayPlan
 from keraunos.release.plan_input import StartPlan
@@ -93,7 +93,7 @@ def run_id_of(config: OptimizeConfig) -> str:
             "dataset",
             "val_dataset",
             "val_size",
-            *config.search.model_fields,
+            *SearchConfig.model_fields,
         }
     )
     return "opt-" + hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:12]
