@@ -237,4 +237,4 @@ def test_a_run_killed_with_sigkill_resumes_and_pays_no_evaluation_or_optimizer_c
     assert summary["optimizer"]["answered_from_record"] >= min(calls_before, 1)
     keys = [e["evidence"]["key"] for e in calls]
     assert len(keys) == len(set(keys)), "an optimizer call was recorded twice"
-    assert summary["improved"]
+    assert summary["improved"] and summary["winner"]["val_mean"] == 1.0
