@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -19,21 +18,10 @@ from keraunos._settings import LayeredSettings
 from keraunos.optimize.proposer import OptimizerModel
 from keraunos.optimize.search import SearchConfig
 from keraunos.protocol import ID_RE, ID_RULE
-from keraunos.release.plan_input import OptionNames, StartPlan, start_plan
+from keraunos.release.plan_input import StartPlan, release_fields_plan
 
 ENV_PREFIX = "KERAUNOS_OPTIMIZE_"
 
-_RELEASE_OPTIONS = (
-    "release_plan",
-    "release_stages",
-    "release_min_stage_rollouts",
-    "release_approve_promotion",
-    "release_replay_file",
-    "release_replay_pairs",
-)
-_RELEASE_NAMES = OptionNames(
-    stages="release_stages", replay_file="release_replay_file", replay_pairs="release_replay_pairs"
-)
 _SEARCH_FIELDS = tuple(SearchConfig.model_fields)
 
 
@@ -189,19 +177,7 @@ class OptimizeConfig(LayeredSettings):
             raise ValueError("optimizer_base_url and optimizer_model: the model that proposes templates")
         if self.candidate_label and self.candidate_label == self.release_label:
             raise ValueError("candidate_label and release_label must differ: a release moves release_label")
-        options = [name for name in _RELEASE_OPTIONS if getattr(self, name) not in ("", None)]
-        if self.release_label:
-            self._release = start_plan(
-                plan_file=Path(self.release_plan) if self.release_plan else None,
-                stages=self.release_stages or None,
-                min_stage_rollouts=self.release_min_stage_rollouts,
-                approve_promotion=self.release_approve_promotion,
-                replay_file=Path(self.release_replay_file) if self.release_replay_file else None,
-                replay_pairs=self.release_replay_pairs,
-                names=_RELEASE_NAMES,
-            )
-        elif options:
-            raise ValueError(f"{', '.join(options)} need release_label: the label the release moves")
+        self._release = release_fields_plan(self)
         return self
 
     @property

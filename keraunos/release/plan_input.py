@@ -80,6 +80,41 @@ def start_plan(
     return StartPlan(checked_plan(plan), items)
 
 
+#: The config fields of a release started at the end of a run (`keraunos train`, `keraunos
+#: optimize`), besides `release_label`: they shape its plan and mean nothing without the label.
+RELEASE_FIELDS = (
+    "release_plan",
+    "release_stages",
+    "release_min_stage_rollouts",
+    "release_approve_promotion",
+    "release_replay_file",
+    "release_replay_pairs",
+)
+_FIELD_NAMES = OptionNames(
+    stages="release_stages", replay_file="release_replay_file", replay_pairs="release_replay_pairs"
+)
+
+
+def release_fields_plan(config: Any) -> StartPlan | None:
+    """The plan of a config's `release_*` fields (`RELEASE_FIELDS`), None without `release_label`;
+    `ValueError` naming the fields given without it, `PlanInputError` for a plan that is wrong."""
+    given = [name for name in RELEASE_FIELDS if getattr(config, name) not in ("", None)]
+    if not config.release_label:
+        if given:
+            verb = "needs" if len(given) == 1 else "need"
+            raise ValueError(f"{', '.join(given)} {verb} release_label: the label the release moves")
+        return None
+    return start_plan(
+        plan_file=Path(config.release_plan) if config.release_plan else None,
+        stages=config.release_stages or None,
+        min_stage_rollouts=config.release_min_stage_rollouts,
+        approve_promotion=config.release_approve_promotion,
+        replay_file=Path(config.release_replay_file) if config.release_replay_file else None,
+        replay_pairs=config.release_replay_pairs,
+        names=_FIELD_NAMES,
+    )
+
+
 def read_plan_file(path: Path) -> dict[str, Any]:
     """The mapping a plan file holds (YAML, or JSON by its suffix); empty for an empty file."""
     text = _read_text(path)

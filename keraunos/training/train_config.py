@@ -9,7 +9,6 @@ config answer at once.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -17,7 +16,7 @@ from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
 from keraunos.protocol import ID_MAX_LENGTH, ID_RE, ID_RULE
-from keraunos.release.plan_input import OptionNames, StartPlan, start_plan
+from keraunos.release.plan_input import StartPlan, release_fields_plan
 from keraunos.training._outcome import FailedPolicy
 from keraunos.training.advantages import Estimator
 from keraunos.training.trajectories import Level
@@ -30,19 +29,6 @@ ENV_PREFIX = "KERAUNOS_TRAIN_"
 EMBEDDED = "embedded"
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
-
-#: The release fields that shape its plan (they mean nothing without `release_label`).
-_RELEASE_OPTIONS = (
-    "release_plan",
-    "release_stages",
-    "release_min_stage_rollouts",
-    "release_approve_promotion",
-    "release_replay_file",
-    "release_replay_pairs",
-)
-_RELEASE_NAMES = OptionNames(
-    stages="release_stages", replay_file="release_replay_file", replay_pairs="release_replay_pairs"
-)
 
 
 class TrainConfig(LayeredSettings):
@@ -433,35 +419,22 @@ class TrainConfig(LayeredSettings):
 
     def _check_release(self) -> None:
         """The release's fields, and its plan built once (files read, plan checked) before the run."""
-        options = [name for name in _RELEASE_OPTIONS if getattr(self, name) not in ("", None)]
-        if not self.release_label:
-            if options:
-                verb = "needs" if len(options) == 1 else "need"
-                raise ValueError(f"{', '.join(options)} {verb} release_label: the label the release moves")
-            return
-        if not self.publish_resource:
-            raise ValueError(
-                "release_label needs publish_resource: the release is of the version it published"
-            )
-        if self.embedded_gateway:
-            raise ValueError(
-                "release_label needs a gateway URL: an embedded gateway stops with the run, so no "
-                "runner could drive the release, and its ledger has no baseline for the label"
-            )
-        if self.release_label == self.publish_label:
-            raise ValueError(
-                f"release_label and publish_label are both {self.release_label!r}: the run moves "
-                "publish_label itself, a release moves release_label from its version"
-            )
-        self._release = start_plan(
-            plan_file=Path(self.release_plan) if self.release_plan else None,
-            stages=self.release_stages or None,
-            min_stage_rollouts=self.release_min_stage_rollouts,
-            approve_promotion=self.release_approve_promotion,
-            replay_file=Path(self.release_replay_file) if self.release_replay_file else None,
-            replay_pairs=self.release_replay_pairs,
-            names=_RELEASE_NAMES,
-        )
+        if self.release_label:
+            if not self.publish_resource:
+                raise ValueError(
+                    "release_label needs publish_resource: the release is of the version it published"
+                )
+            if self.embedded_gateway:
+                raise ValueError(
+                    "release_label needs a gateway URL: an embedded gateway stops with the run, so no "
+                    "runner could drive the release, and its ledger has no baseline for the label"
+                )
+            if self.release_label == self.publish_label:
+                raise ValueError(
+                    f"release_label and publish_label are both {self.release_label!r}: the run moves "
+                    "publish_label itself, a release moves release_label from its version"
+                )
+        self._release = release_fields_plan(self)
 
     def _check_ranks(self) -> None:
         if self.nproc_per_node == 1:

@@ -37,7 +37,7 @@ def test_the_search_and_optimizer_fields_become_their_typed_configs(tmp_path: Pa
     [
         ({"dataset": ""}, "dataset"),
         ({"optimizer_model": ""}, "optimizer_base_url and optimizer_model"),
-        ({"release_stages": "0.1,0.5"}, "release_stages need release_label"),
+        ({"release_stages": "0.1,0.5"}, "release_stages needs release_label"),
         ({"release_label": "production", "release_stages": "0.5,0.1"}, "stage shares must increase"),
         ({"release_label": "candidate"}, "candidate_label and release_label must differ"),
         ({"rollout_config": "[1]"}, "rollout_config"),
