@@ -109,6 +109,7 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/resources/{name}/diff": {"get"},
         "/api/resources/{name}/labels": {"get"},
         "/api/resources/{name}/stats": {"get"},
+        "/api/resources/{name}/rollouts": {"get"},
         "/api/resources/{name}/labels/{label}": {"put"},
         "/api/rollouts/{rollout_id}/resources": {"get"},
         "/api/audit": {"get", "post"},

@@ -302,6 +302,69 @@ async def resource_stats(
 ) -> Response:
     """For each version of the resource, what the rollouts assigned it and created in
     `[since, until)` did (docs/release.md#per-version-statistics), read page by page."""
+    _check_window(since, until)
+    ledger = ledger_of(request)
+    tally = VersionTally()
+    after = 0
+    while True:
+        page = await ledger.version_outcomes(name, since, until, after, STATS_PAGE)
+        tally.add(page)
+        if len(page) < STATS_PAGE:
+            break
+        after = page[-1].key
+    return json_response(shaped(name, tally, since=since, until=until).model_dump_json().encode())
+
+
+#: Most rollouts one page of the listing route returns.
+MAX_ROLLOUTS_PAGE = 1000
+#: Keys are stored as 64-bit integers; `after` above every key reads nothing.
+_MAX_AFTER = 2**62
+
+
+@router.get(
+    "/api/resources/{name}/rollouts",
+    summary="The rollouts assigned a version of the resource and created in a window, one page",
+    response_model=None,
+    responses={
+        200: {
+            "description": "`{items: [{rollout_id, version, release_id, arm, finished, reward, "
+            "error, excluded}], next_after}`, in creation order."
+        },
+        404: {"description": "No resource has this name."},
+        422: {"description": "`since` or `until` is not a finite number, or `since` is not before `until`."},
+    },
+)
+async def resource_rollouts(
+    request: Request,
+    name: NamePath,
+    since: WindowQuery = None,
+    until: WindowQuery = None,
+    after: Annotated[int, Query(ge=0, le=_MAX_AFTER, description="Continue after this key.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_ROLLOUTS_PAGE, description="Most rollouts to return.")] = 100,
+) -> Response:
+    """The rollouts the stats route counts, one by one in creation order: what an online
+    optimisation trains on (each rollout's input is one `GET /api/rollouts/{id}` away). Page on
+    with `next_after` as `after` until a page comes back with fewer than `limit` items."""
+    _check_window(since, until)
+    page = await ledger_of(request).version_outcomes(name, since, until, after, limit)
+    items = [
+        {
+            "rollout_id": row.rollout_id,
+            "version": row.version,
+            "release_id": row.release_id,
+            "arm": row.arm,
+            "finished": row.finished,
+            "reward": row.reward,
+            "error": row.error,
+            "excluded": row.excluded,
+        }
+        for row in page
+    ]
+    return json_response(dump_json({"items": items, "next_after": page[-1].key if page else after}))
+
+
+def _check_window(since: float | None, until: float | None) -> None:
+    """A window `[since, until)` that holds no time at all is the caller's mistake (422)."""
     if since is not None and until is not None and since >= until:
         raise RequestValidationError(
             [
@@ -313,16 +376,6 @@ async def resource_stats(
                 }
             ]
         )
-    ledger = ledger_of(request)
-    tally = VersionTally()
-    after = 0
-    while True:
-        page = await ledger.version_outcomes(name, since, until, after, STATS_PAGE)
-        tally.add(page)
-        if len(page) < STATS_PAGE:
-            break
-        after = page[-1].key
-    return json_response(shaped(name, tally, since=since, until=until).model_dump_json().encode())
 
 
 async def select_version(ledger: Ledger, name: str, selector: str) -> ResourceVersion:
