@@ -20,7 +20,8 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── InvalidReleaseCommand release.plan: approve, abort or rollback in a state that does not allow it
 │   ├── PlanInputError        release.plan_input: a release plan file, replay file or plan option that makes no plan
 │   ├── InvalidResource       resources: resource content that does not fit its kind
-│   └── DatasetError          optimize.run: a dataset file that cannot be read as instances
+│   ├── DatasetError          optimize.run: a dataset file that cannot be read as instances
+│   └── OnlineStateError      optimize.online: a run directory of another online run or window length
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,
     │                         InvalidTransition, AttemptNotFound, AttemptConflict,

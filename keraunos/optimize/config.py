@@ -2,7 +2,8 @@
 
 The search's own fields are `SearchConfig`'s (keraunos/optimize/search.py), under the same names;
 the optimizer model's are `OptimizerModel`'s with an `optimizer_` prefix; the release at the end
-takes `keraunos release start`'s options with a `release_` prefix, as `keraunos train` does.
+takes `keraunos release start`'s options with a `release_` prefix, as `keraunos train` does;
+online mode's (keraunos/optimize/online.py) have an `online_` prefix.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from keraunos.release.plan_input import StartPlan, release_fields_plan
 ENV_PREFIX = "KERAUNOS_OPTIMIZE_"
 
 _SEARCH_FIELDS = tuple(SearchConfig.model_fields)
+#: The longest run id online: each window's search runs as RUN_ID-wK, an id of at most 64 characters.
+ONLINE_RUN_ID_MAX = 56
 
 
 class OptimizeConfig(LayeredSettings):
@@ -62,7 +65,7 @@ class OptimizeConfig(LayeredSettings):
     dataset: str = Field(
         default="",
         description="JSONL file, one instance a line: {'id'?, 'input'} or any JSON value (the "
-        "rollout's input; its line number is the id).",
+        "rollout's input; its line number is the id). Required unless online (online_window_s).",
     )
     val_dataset: str = Field(
         default="", description="JSONL file of validation instances (empty: split off the dataset)."
@@ -80,6 +83,23 @@ class OptimizeConfig(LayeredSettings):
     )
     poll_interval_s: float = Field(
         default=0.5, gt=0, description="Seconds between polls of finished rollouts."
+    )
+
+    # -- online mode (keraunos/optimize/online.py) ---------------------------------------------------
+    online_window_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Online mode: every this many seconds of production data (from the run's first "
+        "start), search again on the inputs of the window's rollouts that asked for resource at "
+        "start, and release that window's winner. 0: off (one search over dataset).",
+    )
+    online_windows: int = Field(
+        default=0, ge=0, description="Online mode: stop after this many windows (0: until stopped)."
+    )
+    online_min_rollouts: int = Field(
+        default=16,
+        ge=2,
+        description="Online mode: a window with fewer production rollouts is skipped (more than val_size needed).",
     )
 
     # -- the search (SearchConfig) -------------------------------------------------------------------
@@ -171,7 +191,22 @@ class OptimizeConfig(LayeredSettings):
 
     @model_validator(mode="after")
     def _whole(self) -> OptimizeConfig:
-        if not self.dataset:
+        if self.online:
+            if self.dataset or self.val_dataset:
+                raise ValueError(
+                    "dataset and val_dataset: online mode reads each window's data from production "
+                    "rollouts; drop them, or online_window_s for one search over the file"
+                )
+            if self.online_min_rollouts <= self.val_size:
+                raise ValueError(
+                    f"online_min_rollouts ({self.online_min_rollouts}) must be above val_size "
+                    f"({self.val_size}): a window's last val_size rollouts validate, the rest train"
+                )
+            if len(self.run_id) > ONLINE_RUN_ID_MAX:
+                raise ValueError(
+                    f"run_id: at most {ONLINE_RUN_ID_MAX} characters online (each window adds -wK)"
+                )
+        elif not self.dataset:
             raise ValueError("dataset: give the JSONL file of instances the search evaluates on")
         if not self.optimizer_base_url or not self.optimizer_model:
             raise ValueError("optimizer_base_url and optimizer_model: the model that proposes templates")
@@ -179,6 +214,11 @@ class OptimizeConfig(LayeredSettings):
             raise ValueError("candidate_label and release_label must differ: a release moves release_label")
         self._release = release_fields_plan(self)
         return self
+
+    @property
+    def online(self) -> bool:
+        """Whether the run searches once per window of production data (online_window_s > 0)."""
+        return self.online_window_s > 0
 
     @property
     def search(self) -> SearchConfig:

@@ -22,6 +22,10 @@ def optimize_app() -> typer.Typer:
         from keraunos.optimize.run import optimize
 
         configure_logging(config.log_level)
+        if config.online:
+            records = asyncio.run(_online(config))
+            typer.echo(f"keraunos optimize online: {len(records)} windows recorded in this invocation")
+            return 0
         with _bar(config.budget, enabled=config.progress) as progress:
             summary = asyncio.run(optimize(config, progress))
         for line in final_lines(summary):
@@ -37,9 +41,20 @@ def optimize_app() -> typer.Typer:
         "in the audit log. Algorithms: pareto (reflection over a per-instance frontier), beam "
         "(textual gradients), random. The same run id resumes a killed run without paying again. "
         "With --release-label the winner goes through a release (replay gate over the validation "
-        "instances, then the canary). Precedence: flag > environment variable > --config file > default.",
+        "instances, then the canary). With --online-window-s W, one search per W seconds of new "
+        "production rollouts instead, each window's winner through a release. Precedence: flag > "
+        "environment variable > --config file > default.",
         run=run,
     )
+
+
+async def _online(config: OptimizeConfig) -> list[dict[str, Any]]:
+    """The online loop, stopped cleanly between windows by SIGINT or SIGTERM."""
+    from keraunos.optimize.online import optimize_online, stop_on_signals
+
+    stop = asyncio.Event()
+    with stop_on_signals(stop, typer.echo):
+        return await optimize_online(config, typer.echo, stop)
 
 
 def final_lines(summary: dict[str, Any]) -> list[str]:

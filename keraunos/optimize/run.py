@@ -12,6 +12,9 @@
    `release_label` start a release of it (`start_release_once`: a resumed run starts none twice),
    its replay gate over the validation inputs unless a replay file was given. The winner never
    reaches `release_label` without that release.
+
+Steps 2 to 5 are `search_and_release`, which online mode (keraunos/optimize/online.py) runs once
+per window of production data.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ def run_id_of(config: OptimizeConfig) -> str:
             "val_dataset",
             "val_size",
             *SearchConfig.model_fields,
+            *(("online_window_s",) if config.online else ()),
         }
     )
     return "opt-" + hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest()[:12]
@@ -111,53 +115,72 @@ def prepare(config: OptimizeConfig) -> tuple[str, Path, list[Instance], list[Ins
 async def optimize(config: OptimizeConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Run the search of `config` against its gateway; the summary (also in RUN_DIR/summary.json)."""
     run_id, run_dir, train, val = prepare(config)
+    async with gateway_client(config) as client:
+        return await search_and_release(client, config, run_id, run_dir, train, val, progress)
+
+
+def gateway_client(config: OptimizeConfig) -> httpx.AsyncClient:
+    """A client of the gateway with the run's key."""
     headers = {"Authorization": f"Bearer {config.key}"} if config.key else {}
-    async with httpx.AsyncClient(base_url=config.gateway, headers=headers, timeout=30.0) as client:
-        store = GatewayCandidateStore(client, resource=config.resource, run_id=run_id)
-        start_version, seed_template = await store.current(config.start)
-        evaluator = GatewayEvaluator(
-            client,
-            run_id=run_id,
-            resource=config.resource,
-            rollout_config=config.rollout_config_json(),
-            poll_interval_s=config.poll_interval_s,
-            timeout_s=config.rollout_timeout_s,
+    return httpx.AsyncClient(base_url=config.gateway, headers=headers, timeout=30.0)
+
+
+async def search_and_release(
+    client: httpx.AsyncClient,
+    config: OptimizeConfig,
+    run_id: str,
+    run_dir: Path,
+    train: list[Instance],
+    val: list[Instance],
+    progress: Progress | None = None,
+    *,
+    release_blocked: str | None = None,
+) -> dict[str, Any]:
+    """Steps 2 to 5 on these instances, as run `run_id` writing to `run_dir`: the summary. With
+    `release_blocked` (why), the winner is stored and labelled but no release is started."""
+    store = GatewayCandidateStore(client, resource=config.resource, run_id=run_id)
+    start_version, seed_template = await store.current(config.start)
+    evaluator = GatewayEvaluator(
+        client,
+        run_id=run_id,
+        resource=config.resource,
+        rollout_config=config.rollout_config_json(),
+        poll_interval_s=config.poll_interval_s,
+        timeout_s=config.rollout_timeout_s,
+    )
+    answers = await read_answers(config.gateway, config.key, run_id)
+    async with (
+        GatewayCallLog(config.gateway, config.key, run_id) as calls,
+        ModelProposer(config.optimizer, log=calls, answers=answers) as proposer,
+    ):
+        result = await run_search(
+            config.search, seed_template, train, val, evaluator, proposer, store, progress
         )
-        answers = await read_answers(config.gateway, config.key, run_id)
-        async with (
-            GatewayCallLog(config.gateway, config.key, run_id) as calls,
-            ModelProposer(config.optimizer, log=calls, answers=answers) as proposer,
-        ):
-            result = await run_search(
-                config.search, seed_template, train, val, evaluator, proposer, store, progress
-            )
-        start_val = _val_mean(result, start_version)
-        improved = result.winner.version != start_version and (
-            start_val is None or result.winner_val > start_val
-        )
-        labelled = await _label_candidate(client, config, result, run_id) if improved else None
-        release = await _release(client, config, result, run_id, val, improved, start_version)
-        summary: dict[str, Any] = {
-            "run_id": run_id,
-            "resource": config.resource,
-            "start": {"selector": config.start, "version": start_version, "val_mean": start_val},
-            "winner": {"version": result.winner.version, "val_mean": result.winner_val},
-            "improved": improved,
-            "algorithm": result.algorithm,
-            "spent": result.spent,
-            "budget": result.budget,
-            "rollouts": {"created": evaluator.created, "reused": evaluator.reused},
-            "optimizer": {
-                "model": config.optimizer_model,
-                "calls": proposer.usage.calls,
-                "answered_from_record": proposer.usage.from_record,
-                "prompt_tokens": proposer.usage.prompt_tokens,
-                "completion_tokens": proposer.usage.completion_tokens,
-            },
-            "candidate_label": labelled,
-            "release": release,
-            "run_dir": str(run_dir),
-        }
+    start_val = _val_mean(result, start_version)
+    improved = result.winner.version != start_version and (start_val is None or result.winner_val > start_val)
+    labelled = await _label_candidate(client, config, result, run_id) if improved else None
+    release = await _release(client, config, result, run_id, val, improved, start_version, release_blocked)
+    summary: dict[str, Any] = {
+        "run_id": run_id,
+        "resource": config.resource,
+        "start": {"selector": config.start, "version": start_version, "val_mean": start_val},
+        "winner": {"version": result.winner.version, "val_mean": result.winner_val},
+        "improved": improved,
+        "algorithm": result.algorithm,
+        "spent": result.spent,
+        "budget": result.budget,
+        "rollouts": {"created": evaluator.created, "reused": evaluator.reused},
+        "optimizer": {
+            "model": config.optimizer_model,
+            "calls": proposer.usage.calls,
+            "answered_from_record": proposer.usage.from_record,
+            "prompt_tokens": proposer.usage.prompt_tokens,
+            "completion_tokens": proposer.usage.completion_tokens,
+        },
+        "candidate_label": labelled,
+        "release": release,
+        "run_dir": str(run_dir),
+    }
     _write(run_dir, result, summary)
     return summary
 
@@ -194,6 +217,7 @@ async def _release(
     val: list[Instance],
     improved: bool,
     start_version: int,
+    blocked: str | None = None,
 ) -> dict[str, Any] | None:
     plan = config.release
     if plan is None:
@@ -201,6 +225,8 @@ async def _release(
     outcome = {"resource": config.resource, "label": config.release_label, "candidate": result.winner.version}
     if not improved:
         return skipped(outcome, f"the winner does not beat the start (version {start_version}) on validation")
+    if blocked is not None:
+        return skipped(outcome, blocked)
     if not plan.replay_items:  # the held-out instances are the replay gate's stored tasks
         items = [{"input": instance.input, **_config_item(config)} for instance in val]
         replay = plan.plan.replay or ReplayPlan(pairs=len(items))
