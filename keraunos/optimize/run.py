@@ -268,9 +268,8 @@ def _plot(path: Path, result: SearchResult) -> str | None:
     spent = [point[0] for point in result.curve]
     best = [point[1] for point in result.curve]
     figure, axes = plt.subplots(figsize=(6, 3.5))
-    axes.step(
-        spent, best, where="post", marker="o"
-    )  # a marker: a search that found nothing better has one point
+    # With markers: a search that found nothing better has a curve of one point.
+    axes.step(spent, best, where="post", marker="o")
     axes.set_xlabel("evaluations (rollouts) spent")
     axes.set_ylabel("best validation mean")
     axes.set_title(f"keraunos optimize: {result.algorithm}")
