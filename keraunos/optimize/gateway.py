@@ -239,7 +239,7 @@ class GatewayCandidateStore:
         }
         if lineage.parents:
             body["parent"] = lineage.parents[0]
-        response = await self._client.post(f"/api/resources/{path_segment(self._resource)}", json=body)
+        response = await self._send("POST", f"/api/resources/{path_segment(self._resource)}", json=body)
         if response.status_code not in (200, 201):
             raise OptimizeGatewayError(
                 f"push {self._resource}: HTTP {response.status_code}: {response.text[:300]}"
@@ -250,8 +250,8 @@ class GatewayCandidateStore:
 
     async def current(self, selector: str) -> tuple[int, str]:
         """The version a label (or a version number, as text) of the resource names, and its template."""
-        response = await self._client.get(
-            f"/api/resources/{path_segment(self._resource)}/versions/{path_segment(selector)}"
+        response = await self._send(
+            "GET", f"/api/resources/{path_segment(self._resource)}/versions/{path_segment(selector)}"
         )
         if response.status_code != 200:
             raise OptimizeGatewayError(
@@ -265,7 +265,7 @@ class GatewayCandidateStore:
     async def _load(self) -> None:
         if self._loaded:
             return
-        response = await self._client.get(f"/api/resources/{path_segment(self._resource)}/versions")
+        response = await self._send("GET", f"/api/resources/{path_segment(self._resource)}/versions")
         if response.status_code == 200:
             self._by_hash = {v["hash"]: int(v["version"]) for v in response.json() if v["kind"] == "prompt"}
         elif response.status_code != 404:
@@ -273,6 +273,12 @@ class GatewayCandidateStore:
                 f"versions of {self._resource}: HTTP {response.status_code}: {response.text[:300]}"
             )
         self._loaded = True
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise OptimizeGatewayError(f"{method} {path}: gateway unreachable: {exc!r}") from None
 
 
 def _message(run_id: str, lineage: Lineage) -> str:

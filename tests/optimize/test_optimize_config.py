@@ -4,6 +4,7 @@ and how it reads instances (one JSON value a line)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,27 @@ def test_the_run_id_is_stable_for_the_same_config_and_changes_with_the_search(tm
     assert run_id_of(first) == run_id_of(again) and run_id_of(first).startswith("opt-")
     assert run_id_of(_config(tmp_path, seed=7)) != run_id_of(first)
     assert run_id_of(_config(tmp_path, run_id="mine")) == "mine"
+
+
+def test_the_command_reports_an_unreachable_gateway_or_a_missing_dataset_in_one_line(tmp_path: Path) -> None:
+    from keraunos.testing.processes import clean_env, free_port, keraunos_command
+
+    dataset = _dataset(tmp_path, 4)
+    common = ["--val-size", "1", "--progress", "false", "--run-dir", str(tmp_path / "run")]
+    common += ["--optimizer-base-url", OPTIMIZER["optimizer_base_url"], "--optimizer-model", "m"]
+    gateway = f"http://127.0.0.1:{free_port()}"
+    for dataset_arg, status, words in (
+        (dataset, 1, "gateway unreachable"),
+        (str(tmp_path / "missing.jsonl"), 2, "cannot read"),
+    ):
+        done = subprocess.run(
+            keraunos_command("optimize", "--gateway", gateway, "--dataset", dataset_arg, *common),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
+            check=False,
+        )
+        assert done.returncode == status, done.stderr
+        assert words in done.stderr and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
