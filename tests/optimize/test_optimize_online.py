@@ -13,115 +13,31 @@ rollouts that ask for `system_prompt` at `production` while each window is open.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from optimize_support import Stack, running_stack
 
 from keraunos.testing.processes import (
-    SERVED_MODEL,
-    Gateway,
-    RunningProcess,
-    clean_env,
-    free_port,
     keraunos_command,
-    start_engine,
-    start_gateway,
     unique_id,
     wait_for,
 )
 
 pytestmark = pytest.mark.timeout(240)
 
-HERE = Path(__file__).resolve().parent
 ROLLOUT_CONFIG = {"local": {"env_map": {"AGENT_INPUT": "input"}}}
-
-
-@dataclass
-class Stack:
-    gateway: Gateway
-    optimizer_url: str
-    base: Path
-    env: dict[str, str]
-    processes: list[RunningProcess]
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.log_path.name}\n{p.log()[-2000:]}" for p in self.processes)
-
-
-def _start(base: Path, name: str, command: list[str], env: dict[str, str]) -> RunningProcess:
-    log_path = base / f"{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=base)
-    return RunningProcess(process, log_path)
-
-
-def _answers(url: str) -> bool:
-    try:
-        body = {"model": "rules", "messages": [{"role": "user", "content": "hi"}]}
-        return httpx.post(f"{url}/chat/completions", json=body, timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    base = tmp_path_factory.mktemp("optimize-online")
-    pythonpath = os.pathsep.join(p for p in (str(HERE / "agents"), os.environ.get("PYTHONPATH", "")) if p)
-    env = clean_env({"PYTHONPATH": pythonpath})
-    started: list[Any] = []
-    try:
-        engine = start_engine(base / "engine")
-        started.append(engine)
-        gateway = start_gateway(base / "gateway", args=("--served-model", SERVED_MODEL))
-        started.append(gateway)
-        gateway.register([engine])
-        port = free_port()
-        optimizer = _start(
-            base, "optimizer", [sys.executable, str(HERE / "rules_optimizer.py"), str(port)], env
-        )
-        started.append(optimizer)
-        connect = ["--gateway", gateway.base_url, "--key", gateway.key]
-        controller = _start(
-            base,
-            "controller",
-            keraunos_command(
-                "controller", *connect,
-                "--agent-class", "rules_agent:RulesAgent",
-                "--warm-workers", "2", "--pool-size", "8", "--poll-interval-s", "0.05",
-                "--state-dir", str(base / "state"), "--log-dir", str(base / "agents"),
-            ),
-            env,
-        )  # fmt: skip
-        started.append(controller)
-        runner = _start(
-            base,
-            "runner",
-            keraunos_command("release", "run", *connect, "--runner-id", "online", "--poll-interval-s", "0.2"),
-            env,
-        )
-        started.append(runner)
-        url = f"http://127.0.0.1:{port}/v1"
-        wait_for(lambda: _answers(url), 30, "the scripted optimizer")
-        with gateway.client() as api:
-            body = {"kind": "prompt", "content": {"template": "You are a careful agent."}}
-            assert api.post("/api/resources/system_prompt", json=body).status_code == 201
-            assert (
-                api.put("/api/resources/system_prompt/labels/production", json={"version": 1}).status_code
-                == 200
-            )
-        yield Stack(gateway, url, base, env, [optimizer, controller, runner])
-    finally:
-        for process in reversed(started):
-            process.stop() if hasattr(process, "stop") else process.kill()
+    with running_stack(tmp_path_factory.mktemp("optimize-online"), "online") as stack:
+        yield stack
 
 
 def _online_command(stack: Stack, run_id: str, *extra: str) -> list[str]:
