@@ -27,7 +27,9 @@ import structlog
 
 from keraunos.controller._urls import path_segment
 from keraunos.errors import KeraunosError
+from keraunos.ledger._registry_rows import reward_value
 from keraunos.optimize.types import Candidate, Evaluation, Instance, Lineage, Split, Turn
+from keraunos.protocol import MODEL_REQUEST
 from keraunos.resources import content_hash, normalized_content
 
 log = structlog.get_logger("keraunos.optimize")
@@ -36,6 +38,8 @@ log = structlog.get_logger("keraunos.optimize")
 CREATE_CHUNK = 200
 #: Terminal-cursor items one poll reads at most.
 TERMINAL_PAGE = 1000
+#: Rollout reads in flight at once.
+READ_CONCURRENCY = 16
 #: The reflection reads at most this many characters of one reply.
 MAX_REPLY_CHARS = 4000
 
@@ -70,6 +74,7 @@ class GatewayEvaluator:
         self._config = rollout_config
         self._poll_s = poll_interval_s
         self._timeout_s = timeout_s
+        self._reads = asyncio.Semaphore(READ_CONCURRENCY)
         self.created = 0  # rollouts this process created (a resumed run re-reads the others)
         self.reused = 0
 
@@ -126,16 +131,20 @@ class GatewayEvaluator:
     async def _existing(self, ids: Sequence[str]) -> dict[str, str | None]:
         """The rollouts of `ids` that exist already (a killed run created them): their final state,
         None while they run."""
+
+        async def read(rollout_id: str) -> Any:
+            async with self._reads:
+                return await self._get(f"/api/rollouts/{path_segment(rollout_id)}")
+
         found: dict[str, str | None] = {}
-        for rollout_id in ids:
-            rollout = await self._get_rollout(rollout_id)
-            if rollout is not None:
-                state = rollout["status"]["state"]
+        for rollout_id, answer in zip(ids, await asyncio.gather(*map(read, ids)), strict=True):
+            if answer is not None:
+                state = answer["rollout"]["status"]["state"]
                 found[rollout_id] = state if state in ("succeeded", "failed") else None
         return found
 
-    async def _get_rollout(self, rollout_id: str) -> dict[str, Any] | None:
-        path = f"/api/rollouts/{path_segment(rollout_id)}"
+    async def _get(self, path: str) -> Any:
+        """The JSON answer of `GET path`, None for a 404."""
         try:
             response = await self._client.get(path)
         except httpx.HTTPError as exc:
@@ -144,7 +153,7 @@ class GatewayEvaluator:
             return None
         if response.status_code != 200:
             raise OptimizeGatewayError(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}")
-        return response.json()["rollout"]
+        return response.json()
 
     async def _terminal_total(self) -> int:
         page = await self._request("GET", "/api/rollouts/terminal", params={"after": 2**62, "limit": 1})
@@ -174,21 +183,20 @@ class GatewayEvaluator:
         return states
 
     async def _outcome(self, rollout_id: str, state: str | None) -> tuple[float, bool, tuple[Turn, ...]]:
+        """(reward, failed, turns) of a finished evaluation: one read of its events, which the
+        gateway answers for the rollout's last attempt."""
         if state is None:  # timed out
             return 0.0, True, ()
-        rollout = await self._get_rollout(rollout_id)
-        if rollout is None:  # deleted meanwhile
+        async with self._reads:
+            events = await self._get(f"/api/rollouts/{path_segment(rollout_id)}/events")
+        if events is None:  # deleted meanwhile
             return 0.0, True, ()
-        attempt = rollout["status"].get("last_attempt_id") or "0"
-        path = f"/api/rollouts/{path_segment(rollout_id)}/events"
-        rewards = await self._request("GET", path, params={"event_type": "reward"})
-        calls = await self._request("GET", path, params={"event_type": "model_request"})
         reward = 0.0
-        for event in rewards:
-            value = event["data"].get("value") if event["attempt_id"] == attempt else None
-            if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
-                reward = float(value)
-        turns = tuple(_turn(event["data"]) for event in calls if event["attempt_id"] == attempt)
+        for event in events:
+            if event["event_type"] == "reward":
+                value = reward_value(event["data"])
+                reward = reward if value is None else value
+        turns = tuple(_turn(e["data"]) for e in events if e["event_type"] == MODEL_REQUEST)
         return (0.0 if state == "failed" else reward), state == "failed", turns
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
