@@ -65,6 +65,7 @@ _CONTROLLER = (
 _LABELS = "/api/resources/*/labels/*"
 _TRAINER = (
     Grant(frozenset({"POST"}), "/api/rollouts"),
+    Grant(frozenset({"POST"}), "/api/rollouts/*/replay"),
     Grant(frozenset({"DELETE"}), "/api/rollouts/*"),
     Grant(frozenset({"POST", "DELETE"}), "/api/models"),
     Grant(frozenset({"POST"}), "/proxy/pause"),

@@ -35,6 +35,7 @@ from keraunos.gateway.api import (
     info,
     models,
     releases,
+    replay,
     resources,
     rollouts,
     tokens,
@@ -95,7 +96,7 @@ def create_app(
     app.state.ledger = ledger
     app.state.proxy = proxy
     app.state.caches = CacheEvents(
-        proxy.endpoints, proxy.rollouts, proxy.pins
+        proxy.endpoints, proxy.rollouts, proxy.pins, proxy.replays
     )  # told by the /api write routes
     app.state.metrics = metrics
     app.state.token_secret = token_secret(config.token_secret, config.key)
@@ -109,6 +110,7 @@ def create_app(
         info.router,
         attempts.router,
         rollouts.router,
+        replay.router,
         events.router,
         tokens.router,
         models.router,

@@ -94,6 +94,7 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/rollouts": {"get", "post"},
         "/api/rollouts/terminal": {"get"},
         "/api/rollouts/{rollout_id}": {"get", "patch", "delete"},
+        "/api/rollouts/{rollout_id}/replay": {"post"},
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events": {"post"},
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/token": {"post"},
         "/api/rollouts/claim": {"post"},

@@ -38,6 +38,7 @@ CALLS: list[tuple[str, str, frozenset[str]]] = [
     ("POST", PROXY, frozenset({"controller", "trainer"})),
     ("GET", "/proxy/rollout/r1/attempt/2/mode/val/openai/v1/models", frozenset({"controller", "trainer"})),
     ("POST", "/api/rollouts", frozenset({"trainer"})),
+    ("POST", f"{R}/replay", frozenset({"trainer"})),
     ("DELETE", R, frozenset({"trainer"})),
     ("POST", "/api/models", frozenset({"trainer"})),
     ("DELETE", "/api/models", frozenset({"trainer"})),

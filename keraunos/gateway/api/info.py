@@ -34,6 +34,7 @@ FEATURES: tuple[str, ...] = (
     "scoped-keys",  # --keys-file: named keys with roles (reader, controller, trainer, approver, admin)
     "weights-routing",  # a rollout assigned a weights version goes only to endpoints at that version
     "releases",  # /api/releases: start, claim, decisions, approve/abort/rollback, observations
+    "replay",  # POST /api/rollouts/{id}/replay: the proxy answers a replay's calls from the record
 )
 
 

@@ -40,6 +40,7 @@ from keraunos.gateway.proxy.record import (
     call_data,
     model_request_data,
 )
+from keraunos.gateway.proxy.replay import answer_replay, replay_source
 from keraunos.gateway.proxy.routing import current_policy, pinned_policy
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.state import ProxyState
@@ -246,7 +247,12 @@ async def _forward(
             f"'stream' must be true or false, not {orjson.dumps(stream).decode()[:40]}",
             code="invalid_stream",
         )
-    await _check_rollout(state, rollout_id)
+    replay_of = await _check_rollout(state, rollout_id)
+    if replay_of is not None:  # answered from the record: no endpoint needed (proxy/replay.py)
+        return await answer_replay(
+            state, body, rollout_id=rollout_id, attempt_id=attempt_id, mode=mode, path=path,
+            temperature=temperature, source_id=replay_of,
+        )  # fmt: skip
     config = state.config
     endpoints = await state.endpoints.endpoints(config.served_model)
     if not endpoints:
@@ -562,14 +568,18 @@ def _unrecorded(error: Exception) -> str:
     return f"The model call was made but could not be recorded ({error}); retry the call"
 
 
-async def _check_rollout(state: ProxyState, rollout_id: str) -> None:
-    """Raise `RolloutNotFound` (404) unless the rollout exists; known ids cost no ledger read."""
+async def _check_rollout(state: ProxyState, rollout_id: str) -> str | None:
+    """Raise `RolloutNotFound` (404) unless the rollout exists; known ids cost no ledger read.
+    Returns the rollout it replays (`metadata.replay_of`, read with it), None for most rollouts."""
     rollouts = state.rollouts
     if rollout_id in rollouts:
-        return
-    if await state.ledger.get_rollout(rollout_id) is None:
+        return rollouts.replay_of(rollout_id)
+    rollout = await state.ledger.get_rollout(rollout_id)
+    if rollout is None:
         raise RolloutNotFound(rollout_id)
-    rollouts.add(rollout_id)
+    replay_of = replay_source(rollout)
+    rollouts.add(rollout_id, replay_of)
+    return replay_of
 
 
 @router.get(

@@ -17,7 +17,7 @@ import structlog
 
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics
-from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts
+from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts, Replays
 from keraunos.gateway.proxy.disconnect import WatchScheduler
 from keraunos.gateway.proxy.exact_tokens import ExactTokens
 from keraunos.gateway.proxy.pins import RolloutPins
@@ -51,6 +51,7 @@ class ProxyState:
         self.endpoints = EndpointCache(ledger, config.models_refresh_s)
         self.rollouts = KnownRollouts()
         self.pins = RolloutPins(ledger, config.models_refresh_s)
+        self.replays = Replays(ledger)
         self.cooldowns = Cooldowns()
         self.coordination = coordination if coordination is not None else LocalCoordination()
         self.pause: Pause = self.coordination.pause

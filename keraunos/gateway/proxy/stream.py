@@ -377,3 +377,44 @@ def _index_order(item: tuple[Any, Any]) -> tuple[int, Any]:
     """Sort key of (index, value) pairs: integer indexes in order, anything else after them."""
     index = item[0]
     return (0, index) if isinstance(index, int) else (1, str(index))
+
+
+def replay_events(response: dict[str, Any], *, chat: bool, include_usage: bool) -> bytes:
+    """A recorded (unstreamed-shape) `response` as the SSE stream of the same call: what a replay
+    answers a streamed call with.
+
+    One chunk per choice carrying the whole choice (its message as one `delta`, tool calls with
+    their `index`, log probs, token ids, finish reason; the response's other top-level keys, such as
+    `prompt_token_ids`, on the first chunk), then the usage-only chunk when `include_usage`, then
+    `data: [DONE]`. `StreamAssembler` folds these chunks back into `response`.
+    """
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    head = {
+        "id": response.get("id"),
+        "object": kind,
+        "created": response.get("created"),
+        "model": response.get("model"),
+    }
+    extra = {k: v for k, v in response.items() if k not in head and k not in ("choices", "usage", "object")}
+    events: list[bytes] = []
+    choices = response.get("choices")
+    for number, choice in enumerate(choices if isinstance(choices, list) else ()):
+        if not isinstance(choice, dict):
+            continue
+        piece = {k: v for k, v in choice.items() if k != "message"}
+        if chat:
+            message = choice.get("message")
+            delta = dict(message) if isinstance(message, dict) else {}
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                delta["tool_calls"] = [
+                    {"index": i, **call} if isinstance(call, dict) else call for i, call in enumerate(calls)
+                ]
+            piece["delta"] = delta
+        chunk = {**head, "choices": [piece], **(extra if number == 0 else {})}
+        events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    if include_usage and response.get("usage") is not None:
+        usage = {**head, "choices": [], "usage": response["usage"]}
+        events.append(b"data: " + orjson.dumps(usage) + b"\n\n")
+    events.append(DONE_EVENT)
+    return b"".join(events)
