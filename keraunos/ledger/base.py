@@ -29,6 +29,7 @@ from keraunos.protocol import (
 from keraunos.release.plan import Observation, Release, Step
 from keraunos.release.version_stats import VersionOutcome
 from keraunos.resources import Label, ResourceKind, ResourceSummary, ResourceVersion
+from keraunos.retention.policy import PurgeReport, RetentionPolicy
 
 #: A wire event (`keraunos.protocol.Event` shape) as a plain dict, for speed on large reads.
 EventDict = dict[str, Any]
@@ -113,6 +114,28 @@ class AuditHead:
 
     count: int
     head: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedMarks:
+    """What `Ledger.mark_consumed` did: how many rollouts it marked now, how many a trainer had
+    marked before (their first mark stands), and the ids it found no rollout for."""
+
+    marked: int
+    already: int
+    unknown: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionMarks:
+    """What retention reads of one rollout (docs/lifecycle.md#retention): when a trainer consumed
+    it and which, when it was pinned (None: it is not), and whether a release assigned it."""
+
+    rollout_id: str
+    consumed_at: float | None
+    consumed_by: str | None
+    pinned_at: float | None
+    in_release: bool
 
 
 class Ledger(abc.ABC):
@@ -475,3 +498,31 @@ class Ledger(abc.ABC):
         not (`VersionOutcome`, its reward read as `release_observations` reads it). Page on with
         the last row's key as `after` until a page comes back short. Raises `ResourceNotFound` for
         an unknown resource."""
+
+    # -- retention (docs/lifecycle.md#retention, the decision: keraunos.retention.policy) ---------
+
+    @abc.abstractmethod
+    async def mark_consumed(self, rollout_ids: Sequence[str], consumer: str, now: float) -> ConsumedMarks:
+        """Mark the rollouts as consumed by the trainer `consumer` at `now`, in one transaction; a
+        rollout marked before keeps its first mark. Unknown ids are reported, not an error."""
+
+    @abc.abstractmethod
+    async def set_pin(self, rollout_id: str, pinned: bool, now: float) -> RetentionMarks:
+        """Pin the rollout (a pinned one keeps its first `pinned_at`) or unpin it; its marks after.
+        Raises `RolloutNotFound`."""
+
+    @abc.abstractmethod
+    async def retention_marks(self, rollout_id: str) -> RetentionMarks | None:
+        """The rollout's retention marks, or None for an unknown id."""
+
+    @abc.abstractmethod
+    async def purge_rollouts(
+        self, policy: RetentionPolicy, now: float, *, force: bool, dry_run: bool, actor: str
+    ) -> PurgeReport:
+        """Delete the terminal rollouts `policy` takes at `now` (`keraunos.retention.policy.decide`),
+        protected ones only with `force`, with their attempts, events, logs and assignments; then
+        reclaim the space. Deletes go in batches of their own transactions, each rechecking in its
+        DELETE that a rollout is still terminal and (without `force`) unprotected; the last batch
+        appends the purge's one audit entry (`retention.purge`, by `actor`) in its transaction.
+        `dry_run` deletes nothing, reclaims nothing and records nothing: the report says what
+        would go."""

@@ -49,10 +49,12 @@ from keraunos.ledger.base import (
     AttemptLog,
     AuditHead,
     Claim,
+    ConsumedMarks,
     EventDict,
     Ledger,
     NewRelease,
     NewVersion,
+    RetentionMarks,
 )
 from keraunos.ledger.codec import encode_json
 from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
@@ -65,6 +67,7 @@ from keraunos.ledger.errors import (
 from keraunos.ledger.postgres import _attempts as attempts
 from keraunos.ledger.postgres import _releases as releases
 from keraunos.ledger.postgres import _resources as registry
+from keraunos.ledger.postgres import _retention as retention
 from keraunos.ledger.postgres import _version_stats as version_stats
 from keraunos.ledger.postgres._events import ChainCache, append_call
 from keraunos.ledger.postgres._pool import Pool, PoolSettings, row_count
@@ -85,6 +88,8 @@ from keraunos.protocol import (
 from keraunos.release.plan import Observation, Release, Step
 from keraunos.release.version_stats import VersionOutcome
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
+from keraunos.retention.policy import PurgeReport, RetentionPolicy, audit_draft, decide
+from keraunos.retention.policy import report as purge_report
 
 _SELECT_ROLLOUT = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = $1"
 _SELECT_FENCE = FENCE_QUERY.format("$1", "$2")
@@ -587,6 +592,62 @@ class PostgresLedger(Ledger):
     ) -> list[VersionOutcome]:
         return await self._pool.run(
             lambda conn: version_stats.outcomes(conn, resource, since, until, after, limit)
+        )
+
+    # -- retention (SQL in _retention.py, the decision in keraunos.retention.policy) ------------
+
+    async def mark_consumed(self, rollout_ids: Sequence[str], consumer: str, now: float) -> ConsumedMarks:
+        return await self._pool.transaction(
+            lambda conn: retention.mark_consumed(conn, rollout_ids, consumer, now)
+        )
+
+    async def set_pin(self, rollout_id: str, pinned: bool, now: float) -> RetentionMarks:
+        return await self._pool.transaction(lambda conn: retention.set_pin(conn, rollout_id, pinned, now))
+
+    async def retention_marks(self, rollout_id: str) -> RetentionMarks | None:
+        return await self._pool.run(lambda conn: retention.marks(conn, rollout_id))
+
+    async def purge_rollouts(
+        self, policy: RetentionPolicy, now: float, *, force: bool, dry_run: bool, actor: str
+    ) -> PurgeReport:
+        found = await self._pool.run(lambda conn: retention.candidates(conn, policy))
+        decision = decide(policy, found, now, force=force)
+        before = await self._pool.run(retention.touched_bytes)
+        if dry_run:
+            return purge_report(policy, decision, now=now, dry_run=True, force=force, bytes_before=before)
+        keys = [c.key for c in decision.delete]
+        batches = [keys[i : i + retention.CHUNK] for i in range(0, len(keys), retention.CHUNK)] or [[]]
+        deleted: list[str] = []
+        entry: AuditEntry | None = None
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+
+            async def op(
+                conn: asyncpg.Connection,
+                batch: list[int] = batch,
+                last: bool = last,
+                earlier: tuple[str, ...] = tuple(deleted),
+            ) -> tuple[list[str], AuditEntry | None]:
+                gone = await retention.delete(conn, batch, force=force)
+                if not last:
+                    return gone, None
+                draft = audit_draft(policy, decision, [*earlier, *gone], actor=actor, force=force)
+                return gone, await registry.append(conn, draft, now)
+
+            gone, entry = await self._pool.transaction(op)
+            deleted += gone
+        if deleted:
+            await self._pool.run(retention.reclaim)
+        return purge_report(
+            policy,
+            decision,
+            now=now,
+            dry_run=False,
+            force=force,
+            deleted_ids=deleted,
+            bytes_before=before,
+            bytes_after=await self._pool.run(retention.touched_bytes),
+            audit_seq=None if entry is None else entry.seq,
         )
 
 

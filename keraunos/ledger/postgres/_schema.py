@@ -290,6 +290,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX rollout_resources_by_resource ON rollout_resources (resource, rollout);
     """,
+    # 6: what retention asks of a rollout (SQLite's step 8, docs/lifecycle.md#retention): when a
+    # trainer consumed it and which, and whether it is pinned.
+    """
+    ALTER TABLE rollouts
+        ADD COLUMN consumed_at double precision,
+        ADD COLUMN consumed_by text,
+        ADD COLUMN pinned_at   double precision;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -53,10 +53,12 @@ from keraunos.ledger.base import (
     AttemptLog,
     AuditHead,
     Claim,
+    ConsumedMarks,
     EventDict,
     Ledger,
     NewRelease,
     NewVersion,
+    RetentionMarks,
 )
 from keraunos.ledger.codec import encode_json, encode_model_request
 from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
@@ -71,6 +73,7 @@ from keraunos.ledger.errors import (
 from keraunos.ledger.sqlite import _attempts as attempts
 from keraunos.ledger.sqlite import _releases as releases
 from keraunos.ledger.sqlite import _resources as registry
+from keraunos.ledger.sqlite import _retention as retention
 from keraunos.ledger.sqlite import _version_stats as version_stats
 from keraunos.ledger.sqlite._checkpoint import WRITER_CHECKPOINT_PAGES, Checkpointer
 from keraunos.ledger.sqlite._compaction import Compactor, WireRow
@@ -94,6 +97,8 @@ from keraunos.protocol import (
 from keraunos.release.plan import Observation, Release, Step
 from keraunos.release.version_stats import VersionOutcome
 from keraunos.resources import Label, ResourceSummary, ResourceVersion
+from keraunos.retention.policy import PurgeReport, RetentionPolicy, audit_draft, decide
+from keraunos.retention.policy import report as purge_report
 
 Durability = Literal["normal", "full"]
 
@@ -770,6 +775,66 @@ class SqliteLedger(Ledger):
     ) -> list[VersionOutcome]:
         return await self._read(
             lambda conn: version_stats.outcomes(conn, resource, since, until, after, limit)
+        )
+
+    # -- retention (SQL in _retention.py, the decision in keraunos.retention.policy) ------------
+
+    async def mark_consumed(self, rollout_ids: Sequence[str], consumer: str, now: float) -> ConsumedMarks:
+        return await self._write(lambda conn: retention.mark_consumed(conn, rollout_ids, consumer, now))
+
+    async def set_pin(self, rollout_id: str, pinned: bool, now: float) -> RetentionMarks:
+        return await self._write(lambda conn: retention.set_pin(conn, rollout_id, pinned, now))
+
+    async def retention_marks(self, rollout_id: str) -> RetentionMarks | None:
+        return retention.marks(self._inline_conn(), rollout_id)
+
+    async def purge_rollouts(
+        self, policy: RetentionPolicy, now: float, *, force: bool, dry_run: bool, actor: str
+    ) -> PurgeReport:
+        found = await self._read(lambda conn: retention.candidates(conn, policy))
+        decision = decide(policy, found, now, force=force)
+        before = retention.file_bytes(self.path)
+        if dry_run:
+            return purge_report(policy, decision, now=now, dry_run=True, force=force, bytes_before=before)
+        keys = [c.key for c in decision.delete]
+        batches = [keys[i : i + retention.CHUNK] for i in range(0, len(keys), retention.CHUNK)] or [[]]
+        contexts = self._contexts
+        deleted: list[str] = []
+        entry: AuditEntry | None = None
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+
+            def op(
+                conn: sqlite3.Connection,
+                batch: list[int] = batch,
+                last: bool = last,
+                earlier: tuple[str, ...] = tuple(deleted),
+            ) -> tuple[list[str], AuditEntry | None]:
+                gone = retention.delete(conn, batch, force=force)
+                for rollout_id in gone:
+                    contexts.drop_rollout(rollout_id)
+                if not last:
+                    return gone, None
+                draft = audit_draft(policy, decision, [*earlier, *gone], actor=actor, force=force)
+                return gone, registry.append(conn, draft, now)
+
+            gone, entry = await self._write(op)
+            deleted += gone
+        if deleted:
+            writer = self._writer
+            if writer is None:
+                raise LedgerUnavailable(f"ledger {self.path} is not open")
+            await asyncio.to_thread(writer.run_exclusive, retention.reclaim)
+        return purge_report(
+            policy,
+            decision,
+            now=now,
+            dry_run=False,
+            force=force,
+            deleted_ids=deleted,
+            bytes_before=before,
+            bytes_after=retention.file_bytes(self.path),
+            audit_seq=None if entry is None else entry.seq,
         )
 
 

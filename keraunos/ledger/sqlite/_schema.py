@@ -237,6 +237,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX rollout_resources_by_resource ON rollout_resources (resource, rollout);
     """,
+    # 8: what retention asks of a rollout (docs/lifecycle.md#retention): when a trainer consumed it
+    # and which (`POST /api/rollouts/consumed`), and whether it is pinned (`PUT .../pin`).
+    """
+    ALTER TABLE rollouts ADD COLUMN consumed_at REAL;
+    ALTER TABLE rollouts ADD COLUMN consumed_by TEXT;
+    ALTER TABLE rollouts ADD COLUMN pinned_at REAL;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

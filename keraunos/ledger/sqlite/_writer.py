@@ -140,6 +140,18 @@ class GroupCommitWriter:
         await done
         self._thread.join()
 
+    def run_exclusive(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `op` on the write connection outside any transaction, while no batch runs: for what
+        SQLite refuses inside one (VACUUM). Call it on a thread of its own: it waits for the running
+        batch, and every write submitted meanwhile queues until `op` returns."""
+        if self._closed:
+            raise LedgerUnavailable(f"ledger {self._path} is closed")
+        with self._batch_lock:
+            try:
+                return op(self._conn)
+            except sqlite3.Error as exc:
+                raise LedgerUnavailable(f"ledger {self._path}: {exc}") from exc
+
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         """Keep the writer from starting a batch until the block exits (tests use it to build one
