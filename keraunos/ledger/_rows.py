@@ -23,7 +23,6 @@ from keraunos.protocol import (
     RolloutCreate,
     RolloutMetadata,
     RolloutState,
-    RolloutStatus,
     can_transition,
     data_id_of,
 )
@@ -43,7 +42,9 @@ FENCE_QUERY = (
 #: Status fields a patch may set besides `state`.
 PATCHABLE = ("k8s_job_name", "last_attempt_id", "error_message")
 
-_DEFAULT_CONFIG_JSON = encode_json(RolloutConfig().model_dump())
+_DEFAULT_CONFIG_PLAIN: dict[str, Any] = RolloutConfig().model_dump()
+_DEFAULT_CONFIG_JSON = encode_json(_DEFAULT_CONFIG_PLAIN)
+_DEFAULT_METADATA = RolloutMetadata()
 
 
 def fresh_rollout_id() -> str:
@@ -51,36 +52,33 @@ def fresh_rollout_id() -> str:
     return f"ro-{secrets.token_hex(8)}"
 
 
-def insert_values(item: RolloutCreate, now: float) -> list[Any]:
+def plain_parts(item: RolloutCreate) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The item's config and metadata as plain data (python mode: NaN stays NaN), the defaults for
+    those it omits; the returned dicts are shared and must not be changed."""
+    config = _DEFAULT_CONFIG_PLAIN if item.config is None else item.config.model_dump()
+    metadata = (item.metadata if item.metadata is not None else _DEFAULT_METADATA).model_dump()
+    return config, metadata
+
+
+def insert_values(
+    item: RolloutCreate, now: float, parts: tuple[dict[str, Any], dict[str, Any]] | None = None
+) -> list[Any]:
     """(rollout_id, input, is_train, config, metadata, data_id, created_at, updated_at) of a new row.
 
     `rollout_id` is the item's, None when it has none (the caller draws one with
-    `fresh_rollout_id`).
+    `fresh_rollout_id`). `parts` are the item's `plain_parts` when the caller has them already.
     """
-    config_json = _DEFAULT_CONFIG_JSON if item.config is None else encode_json(item.config.model_dump())
-    metadata = item.metadata if item.metadata is not None else RolloutMetadata()
+    config, metadata = plain_parts(item) if parts is None else parts
     return [
         item.rollout_id,
         encode_json({"input": item.input}),  # the codec's exact JSON takes objects only
         item.is_train,
-        config_json,
-        encode_json(metadata.model_dump()),  # python mode: NaN stays NaN, as the codec keeps it
+        _DEFAULT_CONFIG_JSON if config is _DEFAULT_CONFIG_PLAIN else encode_json(config),
+        encode_json(metadata),
         data_id_of(item.input),
         now,
         now,
     ]
-
-
-def created_rollout(item: RolloutCreate, rollout_id: str, now: float) -> Rollout:
-    """The rollout a fresh insert of `item` stored, without reading it back."""
-    return Rollout(
-        rollout_id=rollout_id,
-        input=item.input,
-        is_train=item.is_train,
-        config=item.config if item.config is not None else RolloutConfig(),
-        metadata=item.metadata if item.metadata is not None else RolloutMetadata(),
-        status=RolloutStatus(created_at=now, updated_at=now),
-    )
 
 
 def group_id_of(metadata: RolloutMetadata | None) -> str | None:

@@ -13,12 +13,14 @@ from keraunos.gateway.api._common import (
     LeanRoute,
     RolloutIdPath,
     caches_of,
+    dump_json,
     dump_models,
     json_body_doc,
     json_response,
     ledger_of,
     read_body,
 )
+from keraunos.ledger.base import NewRollout
 from keraunos.ledger.errors import ResourceNotFound, RolloutNotFound
 from keraunos.protocol import (
     Rollout,
@@ -62,10 +64,12 @@ async def create_rollouts(request: Request) -> Response:
     """
     items = await read_body(request, _CREATE_BODY)
     try:
-        rollouts = await ledger_of(request).create_rollouts(items, time.time())
+        created = await ledger_of(request).add_rollouts(items, time.time())
     except ResourceNotFound as exc:
         raise RequestValidationError([_unresolved(items, exc)]) from None
-    return json_response(dump_models(_ROLLOUTS, rollouts), 201)
+    # The rollouts' plain data, not their models: what a fresh row holds is already plain.
+    plain = [c.plain() if isinstance(c, NewRollout) else c.model_dump() for c in created]
+    return json_response(dump_json(plain), 201)
 
 
 def _unresolved(items: list[RolloutCreate], exc: ResourceNotFound) -> dict[str, object]:

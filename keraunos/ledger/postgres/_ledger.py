@@ -35,11 +35,11 @@ from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
     ROLLOUT_COLUMNS,
-    created_rollout,
     fence_from_row,
     fresh_rollout_id,
     group_id_of,
     insert_values,
+    plain_parts,
     rollout_from_row,
     transition_sources,
 )
@@ -53,6 +53,7 @@ from keraunos.ledger.base import (
     EventDict,
     Ledger,
     NewRelease,
+    NewRollout,
     NewVersion,
     RetentionMarks,
 )
@@ -185,17 +186,18 @@ class PostgresLedger(Ledger):
 
     # -- rollouts -------------------------------------------------------------------------------
 
-    async def create_rollouts(self, items: Sequence[RolloutCreate], now: float) -> list[Rollout]:
+    async def add_rollouts(self, items: Sequence[RolloutCreate], now: float) -> list[NewRollout | Rollout]:
         items = list(items)
         if not items:
             return []
-        values = [insert_values(item, now) for item in items]
+        parts = [plain_parts(item) for item in items]
+        values = [insert_values(item, now, part) for item, part in zip(items, parts, strict=True)]
         for item, row in zip(items, values, strict=True):
             row[0] = row[0] if item.rollout_id is not None else fresh_rollout_id()
         columns = [[row[k] for row in values] for k in range(6)]
         group_ids = [group_id_of(item.metadata) for item in items]
 
-        async def op(conn: asyncpg.Connection) -> list[Rollout]:
+        async def op(conn: asyncpg.Connection) -> list[NewRollout | Rollout]:
             inserted: set[str] = set()
             while True:
                 # Rows inserted by an earlier pass are no-ops now (ON CONFLICT DO NOTHING).
@@ -210,13 +212,13 @@ class PostgresLedger(Ledger):
                     break
                 for k in clashes:
                     columns[0][k] = fresh_rollout_id()
-            out: list[Rollout] = []
+            out: list[NewRollout | Rollout] = []
             first_of: dict[str, dict[str, registry.Selector]] = {}
             for k, item in enumerate(items):
                 rollout_id = columns[0][k]
                 if rollout_id in inserted and rollout_id not in first_of:
                     first_of[rollout_id] = dict(item.resources or {})
-                    out.append(created_rollout(item, rollout_id, now))
+                    out.append(NewRollout(rollout_id, item, now, *parts[k]))
                 else:  # idempotent: the existing rollout (or the call's first item), untouched
                     row = await conn.fetchrow(_SELECT_ROLLOUT, rollout_id)
                     out.append(rollout_from_row(row))

@@ -40,10 +40,10 @@ from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
     ROLLOUT_COLUMNS,
-    created_rollout,
     fence_from_row,
     fresh_rollout_id,
     insert_values,
+    plain_parts,
     transition_sources,
 )
 from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
@@ -57,6 +57,7 @@ from keraunos.ledger.base import (
     EventDict,
     Ledger,
     NewRelease,
+    NewRollout,
     NewVersion,
     RetentionMarks,
 )
@@ -327,16 +328,16 @@ class SqliteLedger(Ledger):
 
     # -- rollouts -------------------------------------------------------------------------------
 
-    async def create_rollouts(self, items: Sequence[RolloutCreate], now: float) -> list[Rollout]:
+    async def add_rollouts(self, items: Sequence[RolloutCreate], now: float) -> list[NewRollout | Rollout]:
         items = list(items)
-
-        values = [insert_values(item, now) for item in items]
+        parts = [plain_parts(item) for item in items]
+        values = [insert_values(item, now, part) for item, part in zip(items, parts, strict=True)]
         for item, row in zip(items, values, strict=True):
             if item.rollout_id is None:
                 row[0] = fresh_rollout_id()
 
-        def op(conn: sqlite3.Connection) -> list[Rollout]:
-            rollouts, fresh = _create_many(conn, items, values, now)
+        def op(conn: sqlite3.Connection) -> list[NewRollout | Rollout]:
+            rollouts, fresh = _create_many(conn, items, values, parts, now)
             # Resolved for the rollouts this call created; a selector that does not resolve raises,
             # and the operation's SAVEPOINT undoes the whole create.
             wanted = [(rollout_id, item.resources) for rollout_id, item in fresh if item.resources]
@@ -863,8 +864,12 @@ def _insert_rollouts_sql(rows: int) -> str:
 
 
 def _create_many(
-    conn: sqlite3.Connection, items: list[RolloutCreate], values: list[list[Any]], now: float
-) -> tuple[list[Rollout], list[tuple[str, RolloutCreate]]]:
+    conn: sqlite3.Connection,
+    items: list[RolloutCreate],
+    values: list[list[Any]],
+    parts: list[tuple[dict[str, Any], dict[str, Any]]],
+    now: float,
+) -> tuple[list[NewRollout | Rollout], list[tuple[str, RolloutCreate]]]:
     """Insert `items` (their row `values`, fresh ids drawn) with one statement per `_INSERT_CHUNK`;
     returns the rollouts, and the id and item of each this call created.
 
@@ -877,14 +882,14 @@ def _create_many(
         chunk = values[start : start + _INSERT_CHUNK]
         params = [value for row in chunk for value in row]
         inserted.update(rid for (rid,) in conn.execute(_insert_rollouts_sql(len(chunk)), params))
-    out: list[Rollout] = []
+    out: list[NewRollout | Rollout] = []
     fresh: list[tuple[str, RolloutCreate]] = []
     seen: set[str] = set()
-    for item, row in zip(items, values, strict=True):
+    for item, row, (config, metadata) in zip(items, values, parts, strict=True):
         rollout_id = row[0]
         if rollout_id in inserted and rollout_id not in seen:
             seen.add(rollout_id)
-            out.append(created_rollout(item, rollout_id, now))
+            out.append(NewRollout(rollout_id, item, now, config, metadata))
             fresh.append((rollout_id, item))
         elif item.rollout_id is None and rollout_id not in inserted:
             # A fresh random id that was taken already (never in practice): draw another.
@@ -892,7 +897,7 @@ def _create_many(
                 row[0] = fresh_rollout_id()
                 if conn.execute(_INSERT_ROLLOUT, row).rowcount == 1:
                     break
-            out.append(created_rollout(item, row[0], now))
+            out.append(NewRollout(row[0], item, now, config, metadata))
             fresh.append((row[0], item))
         else:  # idempotent: the existing rollout (or this call's earlier item), untouched
             out.append(_rollout_from_row(conn.execute(_SELECT_ROLLOUT, (rollout_id,)).fetchone()))
