@@ -85,6 +85,14 @@ COMMANDS: tuple[Command, ...] = (
         "scores from val-mode rollouts, the winner released through the replay gate and canary.",
     ),
     Command(
+        "replay",
+        "keraunos.replay.main:replay_app",
+        "Replay a recorded rollout with no model, its calls answered from the record "
+        "(see keraunos replay --help).",
+        "Run a finished rollout's agent again through the gateway, each model call answered with the "
+        "recorded one; report the first field where a call differs, and whether the reward is the same.",
+    ),
+    Command(
         "engine-mock",
         "keraunos.testing._engine_cli:engine_mock_app",
         "A vLLM-compatible model server stand-in, for testing an agent without a GPU "

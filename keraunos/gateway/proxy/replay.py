@@ -33,7 +33,7 @@ from fastapi import Response
 from keraunos.gateway._errors import openai_error
 from keraunos.gateway.proxy.answers import JSON, gateway_error
 from keraunos.gateway.proxy.record import call_data
-from keraunos.gateway.proxy.replay_match import Divergence, match
+from keraunos.gateway.proxy.replay_match import REPLAY_DIVERGENCE, Divergence, match
 from keraunos.gateway.proxy.shaping import shape_request
 from keraunos.gateway.proxy.state import ProxyState
 from keraunos.gateway.proxy.stream import ask_for_usage, replay_events
@@ -41,9 +41,6 @@ from keraunos.ledger.errors import LedgerUnavailable, RolloutNotFound
 from keraunos.protocol import MODEL_REQUEST, Rollout
 
 log = structlog.get_logger("keraunos.gateway.proxy")
-
-#: Event type of a replay call refused because the agent's request differs from the record.
-REPLAY_DIVERGENCE = "replay_divergence"
 
 #: The metadata key that makes a rollout a replay of the rollout it names.
 REPLAY_OF = "replay_of"

@@ -24,6 +24,9 @@ import orjson
 
 from keraunos.protocol import MODEL_REQUEST
 
+#: Event type of a replay's call refused because it differs from the record (or is one too many).
+REPLAY_DIVERGENCE = "replay_divergence"
+
 #: Fields the proxy sets on every call (docs/protocol.md#proxy, step 2), or that a replay answers
 #: either way: never compared.
 SHAPED_FIELDS: frozenset[str] = frozenset(
