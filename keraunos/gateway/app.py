@@ -7,6 +7,7 @@ gateways can live in one process. The ledger is opened and closed by whoever cal
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -27,6 +28,7 @@ from keraunos.gateway._fastlane import FastLane
 from keraunos.gateway._keys import KeyRing, load_keys
 from keraunos.gateway._limits import BodySizeLimit
 from keraunos.gateway._openapi import build_openapi
+from keraunos.gateway._redaction import GatewayRedaction
 from keraunos.gateway._tokens import token_secret
 from keraunos.gateway.api import (
     attempts,
@@ -55,6 +57,7 @@ from keraunos.ledger.errors import (
     ResourceNotFound,
     RolloutNotFound,
 )
+from keraunos.redaction import CompiledPolicy, load_policy
 from keraunos.release.plan import InvalidReleaseCommand
 from keraunos.resources import InvalidResource
 
@@ -69,19 +72,33 @@ def create_app(
     coordination: Coordination | None = None,
     *,
     keys: KeyRing | None = None,
+    redaction_policy: CompiledPolicy | None = None,
 ) -> FastAPI:
     """The gateway app serving docs/protocol.md's `/api` and `/proxy` over `ledger` (which the caller
     opens and closes). Its lifespan opens the proxy's HTTP client and drains proxy calls on shutdown.
     `coordination` shares pause/drain with other replicas of the ledger (default: this process only;
     see `keraunos.gateway.replicas.coordination_for`). `keys` are the scoped keys, read from
-    `config.keys_file` when not given (`ConfigError` for a bad file)."""
+    `config.keys_file` when not given (`ConfigError` for a bad file), and so is the redaction policy
+    (`config.redaction_policy`; its start is audited once the app starts)."""
     if keys is None and config.keys_file is not None:
         keys = load_keys(config.keys_file, server_key=config.key)
+    if redaction_policy is None and config.redaction_policy is not None:
+        redaction_policy = load_policy(config.redaction_policy)
     metrics = GatewayMetrics()  # this app's own registry, served at /metrics
     proxy = ProxyState(config, ledger, metrics, coordination)
+    redaction = GatewayRedaction(redaction_policy, metrics) if redaction_policy is not None else None
+    proxy.redaction = redaction
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if redaction is not None:
+            entry = await ledger.append_audit(redaction.audit_draft(), time.time())
+            log.info(
+                "redaction policy in force",
+                digest=entry.after["digest"],
+                rules=len(redaction.policy.policy.rules),
+                audit_seq=entry.seq,
+            )
         async with proxy_lifespan(proxy), attempts.attempt_sweeper(ledger, config.attempt_sweep_interval_s):
             yield
 
@@ -99,6 +116,7 @@ def create_app(
         proxy.endpoints, proxy.rollouts, proxy.pins, proxy.replays
     )  # told by the /api write routes
     app.state.metrics = metrics
+    app.state.redaction = redaction
     app.state.token_secret = token_secret(config.token_secret, config.key)
 
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")

@@ -191,6 +191,13 @@ class GatewayConfig(LayeredSettings):
         gt=0.0,
         description="Longest lease a controller may ask for in a claim or heartbeat; longer ones get 422.",
     )
+    redaction_policy: Path | None = Field(
+        default=None,
+        description="YAML or JSON file of redaction rules applied before anything is committed "
+        "(model calls, agent events, attempt logs): 'rules: [{detector: email}, {name: ticket, "
+        "pattern: \"TCK-[0-9]+\", fields: [messages]}]'; a model call with a finding is stored "
+        "without its token ids (untrainable). docs/lifecycle.md#redaction",
+    )
     attempt_log_max_bytes: int = Field(
         default=10 * 1024 * 1024,
         ge=1,

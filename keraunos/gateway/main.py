@@ -54,9 +54,12 @@ async def _serve(config: GatewayConfig) -> int:
     from keraunos.gateway._keys import load_keys
     from keraunos.ledger import LedgerError, PoolSettings, open_ledger
     from keraunos.ledger.postgres import describe_dsn
+    from keraunos.redaction import load_policy
 
     # A bad keys file is the caller's mistake: one line (ConfigError), before anything is opened.
     keys = load_keys(config.keys_file, server_key=config.key) if config.keys_file is not None else None
+    # So is a bad redaction policy: refused before any call could be stored unredacted.
+    redaction_policy = load_policy(config.redaction_policy) if config.redaction_policy is not None else None
     # The ledger first, before the web stack is even imported: a second gateway on the same file
     # fails fast, says why, and never binds the port.
     try:
@@ -93,7 +96,9 @@ async def _serve(config: GatewayConfig) -> int:
     try:
         server = uvicorn.Server(
             server_config(
-                create_app(config, ledger, coordination_for(config), keys=keys),
+                create_app(
+                    config, ledger, coordination_for(config), keys=keys, redaction_policy=redaction_policy
+                ),
                 host=config.host,
                 port=config.port,
                 http="httptools",

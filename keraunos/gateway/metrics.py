@@ -27,6 +27,8 @@ Metrics (every name starts with `keraunos_`):
 - `proxy_exact_spliced_total`, `proxy_exact_fallbacks_total{reason}`: with `--exact-tokens`, chat
   calls sent with exact prompt ids, and those sent as rendered by the engine, by why
   (`keraunos.gateway.proxy.exact.FALLBACK_REASONS`, each shown from 0 when the option is on).
+- `redactions_total{rule, field}`: with `--redaction-policy`, matches redacted before commit, by
+  the policy's rule and the field they were in (docs/lifecycle.md#redaction).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class GatewayMetrics:
         self._inflight: Callable[[], float] = lambda: 0
         self._exact_spliced = 0
         self._exact_fallbacks: dict[str, int] = {}
+        self._redactions: dict[tuple[str, str], int] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
 
@@ -164,6 +167,11 @@ class GatewayMetrics:
     def exact_fallback(self, reason: str) -> None:
         """Count a chat call sent as the engine renders it although `--exact-tokens` is on."""
         self._exact_fallbacks[reason] = self._exact_fallbacks.get(reason, 0) + 1
+
+    def redacted(self, rule: str, field: str, count: int) -> None:
+        """Count `count` matches of redaction rule `rule` in `field` (`--redaction-policy`)."""
+        key = (rule, field)
+        self._redactions[key] = self._redactions.get(key, 0) + count
 
     def collect(self) -> Iterator[Metric]:
         """The metrics as `prometheus_client` families (the registry calls this at scrape time)."""
@@ -230,6 +238,14 @@ class GatewayMetrics:
         for reason, count in self._exact_fallbacks.items():
             fallbacks.add_metric((reason,), count)
         yield fallbacks
+        redactions = CounterMetricFamily(
+            "keraunos_redactions",
+            "Matches redacted before commit (--redaction-policy), by rule and field.",
+            labels=("rule", "field"),
+        )
+        for (rule, field), count in self._redactions.items():
+            redactions.add_metric((rule, field), count)
+        yield redactions
 
     def render(self) -> bytes:
         """Every metric in the Prometheus text exposition format."""

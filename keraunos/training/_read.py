@@ -1,7 +1,8 @@
 """A rollout's triplet events (full v1.0 `format=triplet`, or keraunos' `delta=1`) to `Triplet`s (pure).
 
 Failed model calls (status "error", an HTTP status outside 2xx, or an error body) are skipped, as
-are calls whose ids cannot be read (both counted); the other samples of a call's prompt (the
+are calls whose ids cannot be read and calls redacted untrainable before commit (`redaction`, counted
+with the unreadable ones); the other samples of a call's prompt (the
 `choices` of an `n > 1` call, the calls folded into it as `replaced_calls`) ride on its `Triplet`
 as `alternatives`, for the row builder to choose the one the agent went on with. The reward is the
 value of the last `reward` event that has a finite number. Delta prompts (`{"prefix_of",
@@ -42,6 +43,8 @@ class ReadResult:
     failed_calls: int
     unreadable_calls: int
     unreadable_choices: int = 0
+    #: Of `unreadable_calls`, those a redaction policy made untrainable (`redaction.untrainable`).
+    redacted_calls: int = 0
 
 
 def read_events_json(raw: bytes) -> ReadResult:
@@ -69,7 +72,7 @@ def read_events(events: list[Any]) -> ReadResult:
     calls: dict[int, _Call] = {}
     earlier: dict[int, list[Sample]] = {}  # event index -> samples of the calls it replaced
     reward: float | None = None
-    failed = unreadable = unreadable_choices = 0
+    failed = unreadable = unreadable_choices = redacted = 0
     for index, event in enumerate(events):
         if not isinstance(event, dict):
             continue
@@ -83,6 +86,12 @@ def read_events(events: list[Any]) -> ReadResult:
                 reward = float(value)
             continue
         if kind != MODEL_REQUEST:
+            continue
+        if _redacted_untrainable(data):
+            # Redacted before commit: its ids were removed with the secret (docs/lifecycle.md#redaction).
+            # No later prompt delta refers to it (it has no prompt ids), so nothing is placed.
+            unreadable += 1
+            redacted += 1
             continue
         response = _ids(data.get("response_token_ids"))
         call = _place(data.get("prompt_token_ids"), response, calls, index, data)
@@ -132,7 +141,7 @@ def read_events(events: list[Any]) -> ReadResult:
             )
         )
         last_kept = index if call.keep else None
-    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices)
+    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices, redacted)
 
 
 def _choice_samples(data: dict[str, Any]) -> tuple[list[Sample], int]:
@@ -220,6 +229,11 @@ def _version(server: Any) -> int | None:
         if isinstance(version, int) and not isinstance(version, bool):
             return version
     return None
+
+
+def _redacted_untrainable(data: dict[str, Any]) -> bool:
+    redaction = data.get("redaction")
+    return isinstance(redaction, dict) and redaction.get("untrainable") is True
 
 
 def _is_failed(data: dict[str, Any]) -> bool:

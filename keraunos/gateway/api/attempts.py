@@ -197,8 +197,13 @@ async def finish(request: Request, rollout_id: RolloutIdPath, attempt_id: Attemp
 )
 async def put_logs(request: Request, rollout_id: RolloutIdPath, attempt_id: AttemptIdPath) -> Response:
     """Replace the attempt's log with the request body. Beyond `--attempt-log-max-bytes` only the
-    last bytes are kept (cut at a UTF-8 character boundary). 404 for an unknown rollout."""
-    text, dropped = keep_tail(await request.body(), _config(request).attempt_log_max_bytes)
+    last bytes are kept (cut at a UTF-8 character boundary). 404 for an unknown rollout. With
+    `--redaction-policy` the log is redacted first (docs/lifecycle.md#redaction)."""
+    body = await request.body()
+    redaction = request.app.state.redaction
+    if redaction is not None:
+        body = redaction.log(body)
+    text, dropped = keep_tail(body, _config(request).attempt_log_max_bytes)
     await ledger_of(request).put_attempt_log(rollout_id, attempt_id, text, dropped, time.time())
     stored = AttemptLogStored(
         rollout_id=rollout_id, attempt_id=attempt_id, bytes=len(text), truncated_bytes=dropped

@@ -43,6 +43,7 @@ async def post_event(request: Request, rollout_id: RolloutIdPath, attempt_id: At
     """Append `{event_type, data}` to (rollout, attempt); 404 if the rollout does not exist.
 
     An agent token may post any event type but `model_request` (403): only the proxy writes those.
+    With `--redaction-policy` the data is redacted before it is stored (docs/lifecycle.md#redaction).
     """
     body = await read_body(request, _EVENT_BODY)
     if body.event_type == MODEL_REQUEST and AGENT_SCOPE_KEY in request.scope:
@@ -52,9 +53,11 @@ async def post_event(request: Request, rollout_id: RolloutIdPath, attempt_id: At
             ),
             403,
         )
-    event = await ledger_of(request).append_event(
-        rollout_id, attempt_id, body.event_type, body.data, time.time()
-    )
+    data = body.data
+    redaction = request.app.state.redaction
+    if redaction is not None:
+        data = redaction.event(body.event_type, data)
+    event = await ledger_of(request).append_event(rollout_id, attempt_id, body.event_type, data, time.time())
     return json_response(dump_json(event))
 
 

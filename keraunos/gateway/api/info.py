@@ -35,6 +35,7 @@ FEATURES: tuple[str, ...] = (
     "weights-routing",  # a rollout assigned a weights version goes only to endpoints at that version
     "releases",  # /api/releases: start, claim, decisions, approve/abort/rollback, observations
     "replay",  # POST /api/rollouts/{id}/replay: the proxy answers a replay's calls from the record
+    "redaction",  # --redaction-policy: calls, agent events and logs redacted before commit
 )
 
 

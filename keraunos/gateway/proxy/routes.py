@@ -185,10 +185,13 @@ class _Call:
         self, data: dict[str, Any], wire: WireCall | None = None
     ) -> LedgerUnavailable | RolloutNotFound | None:
         """Commit the call's `model_request` event (read from `wire`'s texts if given); the error
-        when it could not be, else None."""
+        when it could not be, else None. With a redaction policy the redacted `data` is committed,
+        never the wire texts (which hold what the agent and the engine sent)."""
         state = self.state
         tick = time.perf_counter()
         ledger = state.ledger
+        if state.redaction is not None:
+            data, wire = state.redaction.model_request(data), None
         try:
             if wire is None:
                 await ledger.append_event(self.rollout_id, self.attempt_id, MODEL_REQUEST, data, time.time())

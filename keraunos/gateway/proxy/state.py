@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 import structlog
 
+from keraunos.gateway._redaction import GatewayRedaction
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics
 from keraunos.gateway.proxy.cache import EndpointCache, KnownRollouts, Replays
@@ -69,6 +70,8 @@ class ProxyState:
             ExactTokens(config.exact_tokens_memory_ids, self.metrics) if config.exact_tokens else None
         )
         self.created = int(time.time())
+        # --redaction-policy: applied to each call's record before commit (set by `create_app`)
+        self.redaction: GatewayRedaction | None = None
         self._session: aiohttp.ClientSession | None = None
 
     @property

@@ -24,7 +24,7 @@ from keraunos.protocol import MODEL_REQUEST
 
 def trim_model_request(data: dict[str, Any]) -> dict[str, Any]:
     """Reduce `model_request` data to `{prompt_token_ids, response_token_ids, response_log_probs,
-    server: {model, version}, routed_experts?, http_status?, status?, error?}`.
+    server: {model, version}, routed_experts?, http_status?, status?, error?, redaction?}`.
 
     Prompt ids come from the response's top-level `prompt_token_ids` (chat), else from
     `choices[0].prompt_token_ids` (completions); response ids from `choices[0].token_ids`; log probs
@@ -80,6 +80,8 @@ def trim_parts(
         out["choices"].extend(_trim_choice(choice) for choice in choices[1:])
     if data.get("routed_experts") is not None:
         out["routed_experts"] = data["routed_experts"]
+    if data.get("redaction") is not None:  # keraunos extension: redacted before commit, ids removed
+        out["redaction"] = data["redaction"]
     for key in ("http_status", "status"):
         if key in data:
             out[key] = data[key]
