@@ -20,15 +20,23 @@ import pytest
 from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, start_engine, start_gateway, unique_id
 
 MODEL = SERVED_MODEL
+#: The source is a validation rollout (is_train false), so its agent calls in val mode.
+MODE = "val"
 FIRST = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Engine]]:
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Gateway, Engine]]:
+    """A gateway on each ledger backend (PostgreSQL stores JSON objects with its own key order)."""
+    db = (
+        request.getfixturevalue("postgres").create_database("replay") if request.param == "postgres" else None
+    )
     base = tmp_path_factory.mktemp("replay")
     engine = start_engine(base / "engine")
     try:
-        gateway = start_gateway(base / "gateway", args=("--served-model", MODEL))
+        gateway = start_gateway(base / "gateway", db=db, args=("--served-model", MODEL))
     except Exception:
         engine.kill()
         raise
@@ -39,7 +47,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, 
 
 def client(gateway: Gateway, rollout_id: str, attempt_id: str = "0") -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=gateway.proxy_base(rollout_id, attempt_id), api_key=gateway.key, max_retries=0
+        base_url=gateway.proxy_base(rollout_id, attempt_id, mode=MODE), api_key=gateway.key, max_retries=0
     )
 
 
@@ -62,7 +70,12 @@ def recorded(served: tuple[Gateway, Engine]) -> tuple[str, list[dict[str, Any]]]
     source = unique_id("source")
     with gateway.client() as api:
         gateway.register([engine], model=MODEL)
-        assert api.post("/api/rollouts", json=[{"rollout_id": source, "input": {"q": 4}}]).status_code == 201
+        pushed = api.post(
+            "/api/resources/system_prompt", json={"kind": "prompt", "content": {"template": "t"}}
+        )
+        assert pushed.status_code in (200, 201), pushed.text
+        item = {"rollout_id": source, "input": {"q": 4}, "is_train": False, "resources": {"system_prompt": 1}}
+        assert api.post("/api/rollouts", json=[item]).status_code == 201
         agent = client(gateway, source)
         reply = agent.chat.completions.create(model="any", messages=FIRST, max_tokens=8)
         second = [*FIRST, {"role": "assistant", "content": reply.choices[0].message.content}]
@@ -99,6 +112,8 @@ def test_a_replay_is_queued_with_the_sources_input_mode_and_config_and_names_its
             original["is_train"],
             original["config"],
         )
+        resources = api.get(f"/api/rollouts/{rid}/resources").json()
+        assert resources == api.get(f"/api/rollouts/{source}/resources").json() != {}
         assert replay_of(api, source, rollout_id=rid) == replay  # idempotent with its id
         assert replay_of(api, source)["rollout_id"] != rid  # without one, a fresh id
 
@@ -150,7 +165,7 @@ def test_a_request_that_differs_from_the_record_is_refused_naming_the_first_diff
         rid = replay_of(api, source)["rollout_id"]
         other = [{"role": "system", "content": "Be thorough."}, FIRST[1]]
         answer = httpx.post(
-            f"{gateway.proxy_base(rid)}/chat/completions",
+            f"{gateway.proxy_base(rid, mode=MODE)}/chat/completions",
             json={"model": "x", "messages": other, "max_tokens": 8},
             headers=gateway.headers,
         )
@@ -165,7 +180,7 @@ def test_a_request_that_differs_from_the_record_is_refused_naming_the_first_diff
         )
         # The attempt's first divergence is its record; a later call is refused with the same report.
         again = httpx.post(
-            f"{gateway.proxy_base(rid)}/chat/completions",
+            f"{gateway.proxy_base(rid, mode=MODE)}/chat/completions",
             json={"messages": FIRST, "max_tokens": 8},
             headers=gateway.headers,
         )
@@ -188,7 +203,7 @@ def test_an_unknown_or_unfinished_source_cannot_be_replayed_and_a_usual_rollout_
         assert "once it has ended" in refused.json()["detail"]
         assert api.post(f"/api/rollouts/{recorded[0]}/replay", json={"extra": 1}).status_code == 422
         answer = httpx.post(
-            f"{gateway.proxy_base(running)}/chat/completions",
+            f"{gateway.proxy_base(running, mode=MODE)}/chat/completions",
             json={"messages": FIRST},
             headers=gateway.headers,
         )
