@@ -4,7 +4,8 @@ One `GatewayRedaction` per app holds the compiled policy and the app's metrics: 
 `POST .../events` and `PUT .../logs` pass what they are about to store through it, and it counts
 each finding in `keraunos_redactions_total{rule, field}` (one audit entry per call would drown the
 audit log; the policy's start-up entry says what was in force). Findings never hold the secret,
-and nothing here logs a body.
+and nothing here logs a body; the one log line of the proxy that quotes a model server's answer
+(an `--exact-tokens` refusal) quotes it redacted (`for_log`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class GatewayRedaction:
             return body
         self._count(redaction.findings)
         return redaction.value.encode("utf-8", errors="surrogateescape")
+
+    def for_log(self, body: bytes) -> bytes:
+        """A model server's answer as the gateway's own log may quote it: redacted by the rules of
+        the `response` field, uncounted (it is not stored in the ledger)."""
+        text = body.decode("utf-8", errors="replace")
+        return redact_text(self.policy, "response", text).value.encode("utf-8")
 
     def audit_draft(self, actor: str = "gateway") -> AuditDraft:
         """The audit entry of a gateway starting with this policy: its digest and rules (no secrets:

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from keraunos._settings import ConfigError
 from keraunos.redaction import (
     RedactionPolicy,
+    TextCache,
     compile_policy,
     load_policy,
     luhn_ok,
-    TextCache,
     redact_event_data,
     redact_model_request,
     redact_text,
@@ -210,7 +210,9 @@ def test_property_the_text_cache_changes_nothing_but_the_time_a_conversation_tak
     messages = [{"role": "user", "content": text * 3} for text in texts]  # long enough to be cached
     for _ in range(2):  # the second pass reads the texts from the cache
         data = _call(messages=messages, reply=texts[-1])
-        assert redact_model_request(ALL_DETECTORS, data, SHARED_CACHE) == redact_model_request(ALL_DETECTORS, data)
+        assert redact_model_request(ALL_DETECTORS, data, SHARED_CACHE) == redact_model_request(
+            ALL_DETECTORS, data
+        )
     assert SHARED_CACHE.held_chars <= SHARED_CACHE.max_chars
 
 

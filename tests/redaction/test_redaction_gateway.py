@@ -24,9 +24,13 @@ from typing import Any, cast
 import httpx
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keraunos.gateway._redaction import GatewayRedaction
+from keraunos.gateway.metrics import GatewayMetrics
+from keraunos.redaction import RedactionPolicy, compile_policy
 from keraunos.testing._engine_tokens import Tokenizer
 from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, unique_id
 from keraunos.training._data import CompletedRollout
@@ -375,3 +379,20 @@ def test_a_bad_redaction_policy_stops_the_gateway_with_one_line(cli: Any, tmp_pa
     assert result.returncode != 0
     assert "redaction policy" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "l.db").exists(), "refused before the ledger was opened"
+
+
+def test_the_gateway_counts_findings_by_rule_and_field_and_quotes_a_model_answer_redacted_uncounted() -> None:
+    metrics = GatewayMetrics()
+    redaction = GatewayRedaction(
+        compile_policy(RedactionPolicy.model_validate(yaml.safe_load(POLICY))), metrics
+    )
+    assert (
+        redaction.log(b"a@example.com and b@example.com\n\xff")
+        == b"[REDACTED:email] and [REDACTED:email]\n\xff"
+    )
+    assert redaction.for_log(b'{"error": "bad prompt: call +1 415 555 0134"}') == (
+        b'{"error": "bad prompt: call [REDACTED:phone]"}'
+    )
+    text = metrics.render().decode()
+    assert 'keraunos_redactions_total{field="logs",rule="email"} 2.0' in text
+    assert 'field="response"' not in text

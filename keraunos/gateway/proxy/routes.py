@@ -407,7 +407,9 @@ async def _as_rendered(
     (the ids may be what it refused, not the agent's body); the payload sent and the outcome."""
     state = call.state
     if state.exact is not None and isinstance(refused, Answer):
-        state.exact.refused(call.rollout_id, call.attempt_id, refused.status, refused.body)
+        # The refusal is logged; an engine's error may quote the prompt, so a policy redacts it too.
+        body = refused.body if state.redaction is None else state.redaction.for_log(refused.body)
+        state.exact.refused(call.rollout_id, call.attempt_id, refused.status, body)
     call.spliced = None
     payload = dump_bounded(call.request)
     assert payload is not None, "the body with prompt ids was serialised, so it is without them"
