@@ -93,6 +93,14 @@ COMMANDS: tuple[Command, ...] = (
         "recorded one; report the first field where a call differs, and whether the reward is the same.",
     ),
     Command(
+        "rereward",
+        "keraunos.rereward.main:rereward_app",
+        "Score stored rollouts again with a reward function or an LLM judge, as a new reward version "
+        "(see keraunos rereward --help).",
+        "Re-reward stored rollouts: a Python callable or an OpenAI-compatible judge (RULER-style, a "
+        "group at once) recorded as a named reward version beside the agent's reward; train picks one.",
+    ),
+    Command(
         "engine-mock",
         "keraunos.testing._engine_cli:engine_mock_app",
         "A vLLM-compatible model server stand-in, for testing an agent without a GPU "

@@ -21,6 +21,8 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── PlanInputError        release.plan_input: a release plan file, replay file or plan option that makes no plan
 │   ├── InvalidResource       resources: resource content that does not fit its kind
 │   ├── DatasetError          optimize.run: a dataset file that cannot be read as instances
+│   ├── ScorerLoadError       rereward.scorers: a reward function 'module:function' that cannot be loaded
+│   ├── UnknownRollouts       rereward.run: rollout ids to re-reward that the gateway does not have
 │   └── OnlineStateError      optimize.online: a run directory of another online run or window length
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,
@@ -44,7 +46,10 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── PolicyLoadError       training.backends.torch.policy: the policy cannot be loaded
     ├── DemoError             demo.command: the demo cannot run as asked
     ├── ProposerError         optimize.proposer: the optimizer model failed after its retries, or refused a request
-    └── OptimizeGatewayError  optimize.gateway: the gateway refused or failed a call the optimiser needs
+    ├── OptimizeGatewayError  optimize.gateway: the gateway refused or failed a call the optimiser needs
+    ├── JudgeCallError        rereward.judge: the judge model failed after its retries, or refused a request
+    ├── JudgementError        rereward.scorers: a judge's reply that is not the JSON asked for
+    └── RerewardGatewayError  rereward.run: the gateway refused or failed a read or post a re-reward needs
 ```
 
 Exceptions used for control flow inside one module (a watch that must restart, a batch to fail,

@@ -5,7 +5,9 @@ are calls whose ids cannot be read and calls redacted untrainable before commit 
 with the unreadable ones); the other samples of a call's prompt (the
 `choices` of an `n > 1` call, the calls folded into it as `replaced_calls`) ride on its `Triplet`
 as `alternatives`, for the row builder to choose the one the agent went on with. The reward is the
-value of the last `reward` event that has a finite number. Delta prompts (`{"prefix_of",
+value of the last `reward` event that has a finite number; given a `reward_version`, it is the value
+of the last `reward_version` event of that version instead (`keraunos rereward`,
+docs/lifecycle.md#re-reward), and a rollout without one has no reward. Delta prompts (`{"prefix_of",
 "prefix_len", "suffix"}`, see `keraunos.ledger.codec._triplet_delta`) are resolved against the earlier
 events of the same list, into one id buffer per chain (`keraunos.prefix`): a call that continues
 its source call exactly adds only its suffix and response, and its prompt is a view. A triplet
@@ -28,6 +30,7 @@ from keraunos.protocol import MODEL_REQUEST
 from keraunos.training._data import Sample, Triplet
 
 REWARD = "reward"
+REWARD_VERSION = "reward_version"
 
 
 class TripletReadError(KeraunosError, ValueError):
@@ -47,12 +50,12 @@ class ReadResult:
     redacted_calls: int = 0
 
 
-def read_events_json(raw: bytes) -> ReadResult:
+def read_events_json(raw: bytes, *, reward_version: str | None = None) -> ReadResult:
     """`read_events` over the JSON body of `GET /api/rollouts/{id}/events?format=triplet[&delta=1]`."""
     events = orjson.loads(raw)
     if not isinstance(events, list):
         raise TripletReadError(f"expected a JSON list of events, got {type(events).__name__}")
-    return read_events(events)
+    return read_events(events, reward_version=reward_version)
 
 
 @dataclass(slots=True)
@@ -63,8 +66,9 @@ class _Call:
     keep: bool
 
 
-def read_events(events: list[Any]) -> ReadResult:
-    """The successful calls of a rollout, in order, and its final reward.
+def read_events(events: list[Any], *, reward_version: str | None = None) -> ReadResult:
+    """The successful calls of a rollout, in order, and its final reward (the agent's, or the
+    `reward_version` named).
 
     Every sample of a call's prompt is kept on its `Triplet`: the other choices of an `n > 1` call
     (`choices`) and the successful calls it replaced (`replaced_calls`) become `alternatives`.
@@ -80,7 +84,9 @@ def read_events(events: list[Any]) -> ReadResult:
         data = event.get("data")
         if not isinstance(data, dict):
             continue
-        if kind == REWARD:
+        if kind == (REWARD if reward_version is None else REWARD_VERSION):
+            if reward_version is not None and data.get("version") != reward_version:
+                continue
             value = data.get("value")
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                 reward = float(value)

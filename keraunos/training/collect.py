@@ -84,6 +84,11 @@ class CollectorConfig(LayeredSettings):
     min_group_size: int = Field(
         default=2, ge=1, description="Groups with fewer training rollouts are dropped."
     )
+    reward_version: str | None = Field(
+        default=None,
+        description="Train on this reward version (`keraunos rereward`) instead of the agent's reward; "
+        "a rollout without it counts as one without a reward.",
+    )
     is_train: bool = Field(default=True, description="`is_train` of the created rollouts.")
     rollout_config: RolloutConfig | None = Field(
         default=None, description="`config` of the created rollouts."
@@ -450,7 +455,7 @@ class RolloutCollector:
             log.warning("finished rollout vanished before it was read", rollout_id=rollout_id)
             return None
         try:
-            return read_events_json(response.content)
+            return read_events_json(response.content, reward_version=self.config.reward_version)
         except TripletReadError as exc:
             log.error("rollout events unreadable", rollout_id=rollout_id, error=str(exc))
             return None

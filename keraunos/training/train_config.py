@@ -168,6 +168,12 @@ class TrainConfig(LayeredSettings):
     fill_reward: float = Field(
         default=0.0, description="Reward of filled failed rollouts and of succeeded ones without a reward."
     )
+    reward_version: str | None = Field(
+        default=None,
+        description="Train on this reward version, recorded by keraunos rereward, instead of the "
+        "agent's reward; a rollout without it counts as one without a reward (fill_reward). Unset: "
+        "the agent's reward.",
+    )
     estimator: Estimator = Field(default="grpo", description="grpo | dr_grpo | rloo | reinforce.")
     normalize_std: bool = Field(default=True, description="GRPO: divide by the group std.")
     level: Level = Field(
@@ -508,6 +514,7 @@ class TrainConfig(LayeredSettings):
             max_staleness=self.max_staleness,
             failed_rollouts=self.failed_rollouts,
             fill_reward=self.fill_reward,
+            reward_version=self.reward_version,
             rollout_config=self.rollout_config(),
             poll_interval_s=self.poll_interval_s,
             group_timeout_s=self.group_timeout_s,
