@@ -76,15 +76,11 @@ async def answer_replay(
             code="replay_source_missing",
         )
     divergence = replays.divergence(rollout_id, attempt_id)
-    if divergence is None:
-        position = await replays.position(rollout_id, attempt_id)
-        divergence = match(source_id, calls, position, body, mode)
-        if divergence is not None:
-            return await _diverged(state, rollout_id, attempt_id, divergence)
-    else:
+    if divergence is not None:
         return _refusal(divergence)
-    recorded = calls[position]
-    response = recorded["response"]
+    position = await replays.position(rollout_id, attempt_id)
+    recorded = calls[position] if position < len(calls) else {}
+    response = recorded.get("response")
     streamed = body.get("stream") is True
     shaped, sampling = shape_request(
         body, served_model=state.config.served_model, mode=mode, temperature=temperature, path=path
@@ -103,11 +99,21 @@ async def answer_replay(
         attempts=1,
         latency_ms=(time.perf_counter() - started) * 1000.0,
     )
+    if state.redaction is not None:
+        # The record holds the source's request as redacted: the agent's is compared redacted too
+        # (and so is what a divergence report quotes of it).
+        data = state.redaction.model_request(data)
+    divergence = match(source_id, calls, position, data["request"], mode)
+    if divergence is not None:
+        return await _diverged(state, rollout_id, attempt_id, divergence)
     server = recorded.get("server")
     data["model_version"] = recorded.get("model_version")
-    data["server"]["version"] = server.get("version") if isinstance(server, dict) else None
-    data["server"]["replay_of"] = source_id
-    data["server"]["call"] = position
+    data["server"] = {
+        **data["server"],
+        "version": server.get("version") if isinstance(server, dict) else None,
+        "replay_of": source_id,
+        "call": position,
+    }
     try:
         await state.ledger.append_event(rollout_id, attempt_id, MODEL_REQUEST, data, time.time())
     except LedgerUnavailable as exc:

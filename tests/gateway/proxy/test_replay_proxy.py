@@ -209,3 +209,33 @@ def test_an_unknown_or_unfinished_source_cannot_be_replayed_and_a_usual_rollout_
         )
         assert answer.status_code == 503
         assert "No endpoint is registered" in answer.json()["error"]["message"]
+
+
+def test_with_a_redaction_policy_a_call_carrying_a_secret_replays_and_its_record_holds_no_secret(
+    tmp_path: Path,
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("rules:\n  - detector: email\n")
+    engine = start_engine(tmp_path / "engine")
+    gateway = start_gateway(
+        tmp_path / "gateway", args=("--served-model", MODEL, "--redaction-policy", str(policy))
+    )
+    secret = [{"role": "user", "content": "Mail the sum to ada@example.com please."}]
+    try:
+        gateway.register([engine], model=MODEL)
+        source = unique_id("secret")
+        with gateway.client() as api:
+            assert api.post("/api/rollouts", json=[{"rollout_id": source, "input": 1}]).status_code == 201
+            client(gateway, source).chat.completions.create(model="m", messages=secret, max_tokens=4)
+            finish(api, source)
+            assert api.delete("/api/models").status_code == 200
+            rid = replay_of(api, source)["rollout_id"]
+            # The record holds the message redacted; the agent's is compared redacted, so it matches.
+            client(gateway, rid).chat.completions.create(model="m", messages=secret, max_tokens=4)
+            (replayed,) = events(api, rid, "model_request")
+            assert replayed["server"]["replay_of"] == source
+            assert replayed["request"]["messages"][0]["content"] == "Mail the sum to [REDACTED:email] please."
+            assert "ada@example.com" not in str(events(api, rid, "model_request"))
+    finally:
+        gateway.stop()
+        engine.kill()
