@@ -124,10 +124,11 @@ async def answer_replay(
         replays.forget(rollout_id)
         raise
     replays.answered(rollout_id, attempt_id, position)
+    answer: dict[str, Any] = recorded["response"]  # a recorded call (no divergence): a JSON object
     if streamed:
-        events = replay_events(response, chat=path == "chat/completions", include_usage=agent_asked)
+        events = replay_events(answer, chat=path == "chat/completions", include_usage=agent_asked)
         return Response(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return Response(orjson.dumps(response), media_type=JSON)
+    return Response(orjson.dumps(answer), media_type=JSON)
 
 
 async def _diverged(state: ProxyState, rollout_id: str, attempt_id: str, divergence: Divergence) -> Response:

@@ -398,7 +398,9 @@ def replay_events(response: dict[str, Any], *, chat: bool, include_usage: bool) 
     extra = {k: v for k, v in response.items() if k not in head and k not in ("choices", "usage", "object")}
     events: list[bytes] = []
     choices = response.get("choices")
-    for number, choice in enumerate(choices if isinstance(choices, list) else ()):
+    if not isinstance(choices, list):
+        choices = []
+    for number, choice in enumerate(choices):
         if not isinstance(choice, dict):
             continue
         piece = {k: v for k, v in choice.items() if k != "message"}

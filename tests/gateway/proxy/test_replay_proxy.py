@@ -22,7 +22,7 @@ from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, start_engi
 MODEL = SERVED_MODEL
 #: The source is a validation rollout (is_train false), so its agent calls in val mode.
 MODE = "val"
-FIRST = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+FIRST: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -78,7 +78,7 @@ def recorded(served: tuple[Gateway, Engine]) -> tuple[str, list[dict[str, Any]]]
         assert api.post("/api/rollouts", json=[item]).status_code == 201
         agent = client(gateway, source)
         reply = agent.chat.completions.create(model="any", messages=FIRST, max_tokens=8)
-        second = [*FIRST, {"role": "assistant", "content": reply.choices[0].message.content}]
+        second: list[Any] = [*FIRST, {"role": "assistant", "content": reply.choices[0].message.content}]
         second.append({"role": "user", "content": "And 3 + 3?"})
         stream = agent.chat.completions.create(model="any", messages=second, max_tokens=8, stream=True)
         assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
@@ -137,7 +137,7 @@ def test_each_call_of_a_replay_gets_the_recorded_answer_streamed_or_not_with_no_
         )
         assert chunks[-1].choices[0].finish_reason == first["finish_reason"]
         # Recorded streamed, asked unstreamed: the recorded (assembled) answer as it was stored.
-        second = calls[1]["request"]["messages"]
+        second: list[Any] = calls[1]["request"]["messages"]
         raw = agent.chat.completions.with_raw_response.create(model="any", messages=second, max_tokens=8)
         assert raw.http_response.json() == calls[1]["response"]
         replayed = events(api, rid, "model_request")
@@ -163,7 +163,7 @@ def test_a_request_that_differs_from_the_record_is_refused_naming_the_first_diff
     source, _ = recorded
     with gateway.client() as api:
         rid = replay_of(api, source)["rollout_id"]
-        other = [{"role": "system", "content": "Be thorough."}, FIRST[1]]
+        other: list[Any] = [{"role": "system", "content": "Be thorough."}, FIRST[1]]
         answer = httpx.post(
             f"{gateway.proxy_base(rid, mode=MODE)}/chat/completions",
             json={"model": "x", "messages": other, "max_tokens": 8},
@@ -220,7 +220,7 @@ def test_with_a_redaction_policy_a_call_carrying_a_secret_replays_and_its_record
     gateway = start_gateway(
         tmp_path / "gateway", args=("--served-model", MODEL, "--redaction-policy", str(policy))
     )
-    secret = [{"role": "user", "content": "Mail the sum to ada@example.com please."}]
+    secret: list[Any] = [{"role": "user", "content": "Mail the sum to ada@example.com please."}]
     try:
         gateway.register([engine], model=MODEL)
         source = unique_id("secret")
