@@ -35,6 +35,9 @@ AGENT_SCOPE_KEY = "keraunos.agent"
 #: off (`ANONYMOUS_ACTOR`); routes that change resources record it in the audit log.
 ACTOR_SCOPE_KEY = "keraunos.actor"
 SERVER_KEY_ACTOR = "server-key"
+#: Where the auth layer leaves the role of the scoped key a request came with (absent otherwise),
+#: for the one route that checks more than the path: a forced purge (`api/retention.py`).
+ROLE_SCOPE_KEY = "keraunos.role"
 ANONYMOUS_ACTOR = "anonymous"
 
 UNAUTHORIZED = "Invalid or missing API key"
@@ -186,6 +189,7 @@ class ServerKeyAuth:
             await _answer(send, path, 403, detail, "not_permitted")
             return
         scope[ACTOR_SCOPE_KEY] = scoped.actor
+        scope[ROLE_SCOPE_KEY] = scoped.role
         await self.app(scope, receive, send)
 
     async def _superseded(self, claims: TokenClaims) -> str | None:

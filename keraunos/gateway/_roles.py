@@ -3,8 +3,9 @@
 A scoped key (`--keys-file`) carries a role. The roles nest where the work does: a `reader` only
 looks; a `controller` also runs attempts (claims, heartbeats, events, logs, the proxy); a `trainer`
 also creates and deletes rollouts, registers endpoints, pauses the proxy, pushes resources, moves
-labels that are not protected, starts and aborts releases, and appends its own actions to the
-audit log (`POST /api/audit`, client namespaces only: an optimizer's model calls); an `approver`
+labels that are not protected, starts and aborts releases, appends its own actions to the
+audit log (`POST /api/audit`, client namespaces only: an optimizer's model calls), marks rollouts
+consumed, pins them and purges what no protection holds (a forced purge is an admin's); an `approver`
 looks, moves any label, protected ones included (`production` by default) — the one step a
 trainer must not take alone —, approves, aborts and rolls back releases, and runs them
 (`keraunos release run` claims releases and posts the decisions that may promote: it runs with an
@@ -75,6 +76,10 @@ _TRAINER = (
     Grant(frozenset({"POST"}), "/api/releases"),
     Grant(frozenset({"POST"}), "/api/releases/*/abort"),
     Grant(frozenset({"POST"}), "/api/audit"),
+    Grant(frozenset({"POST"}), "/api/rollouts/consumed"),
+    Grant(frozenset({"PUT", "DELETE"}), "/api/rollouts/*/pin"),
+    # A forced purge takes an admin key: the route checks the body's `force` (api/retention.py).
+    Grant(frozenset({"POST"}), "/api/retention/purge"),
 )
 # The release runner's calls are an approver's: a decision it posts may promote a candidate, which
 # moves a protected label; a trainer that could post one could promote its own candidate alone.

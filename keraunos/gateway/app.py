@@ -39,6 +39,7 @@ from keraunos.gateway.api import (
     releases,
     replay,
     resources,
+    retention,
     rollouts,
     tokens,
 )
@@ -135,6 +136,7 @@ def create_app(
         resources.router,
         audit.router,
         releases.router,
+        retention.router,
     )
     for router in routers:
         app.include_router(router)

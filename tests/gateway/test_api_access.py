@@ -122,6 +122,9 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/releases/{release_id}/abort": {"post"},
         "/api/releases/{release_id}/rollback": {"post"},
         "/api/releases/{release_id}/observations": {"get"},
+        "/api/rollouts/consumed": {"post"},
+        "/api/rollouts/{rollout_id}/pin": {"put", "delete"},
+        "/api/retention/purge": {"post"},
     }
     assert {path: set(ops) for path, ops in paths.items()} == expected
     schemas = doc["components"]["schemas"]

@@ -34,6 +34,7 @@ FEATURES: tuple[str, ...] = (
     "scoped-keys",  # --keys-file: named keys with roles (reader, controller, trainer, approver, admin)
     "weights-routing",  # a rollout assigned a weights version goes only to endpoints at that version
     "releases",  # /api/releases: start, claim, decisions, approve/abort/rollback, observations
+    "retention",  # POST /api/rollouts/consumed, PUT/DELETE /api/rollouts/{id}/pin, POST /api/retention/purge
     "replay",  # POST /api/rollouts/{id}/replay: the proxy answers a replay's calls from the record
     "redaction",  # --redaction-policy: calls, agent events and logs redacted before commit
 )
