@@ -101,6 +101,14 @@ COMMANDS: tuple[Command, ...] = (
         "group at once) recorded as a named reward version beside the agent's reward; train picks one.",
     ),
     Command(
+        "retention",
+        "keraunos.retention.main:retention_app",
+        "Purge stored rollouts by age, count, mode and state, keeping what is still needed "
+        "(see keraunos retention --help).",
+        "Retention of the gateway's ledger: purge the terminal rollouts a policy takes, except those "
+        "not yet trained on, a release's evidence or pinned (unless forced); audited, space reclaimed.",
+    ),
+    Command(
         "engine-mock",
         "keraunos.testing._engine_cli:engine_mock_app",
         "A vLLM-compatible model server stand-in, for testing an agent without a GPU "

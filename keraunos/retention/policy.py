@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from keraunos.audit import AuditDraft
 from keraunos.protocol import TERMINAL_STATES, RolloutState
@@ -219,6 +219,7 @@ class PurgeReport(BaseModel):
     items_left_off: int = 0
     audit_seq: int | None = Field(default=None, description="The purge's audit entry (none in a dry run).")
 
+    @computed_field
     @property
     def bytes_reclaimed(self) -> int | None:
         """How much smaller the ledger is after the purge, when both sizes are known."""
