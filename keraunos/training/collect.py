@@ -31,7 +31,7 @@ import itertools
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
@@ -52,6 +52,8 @@ log = structlog.get_logger("keraunos.training.collect")
 
 TERMINAL = frozenset({"succeeded", "failed"})
 DELTA_FEATURE = "triplet-delta"
+#: The gateway extension a trainer tells which rollouts it consumed (docs/lifecycle.md#retention).
+RETENTION_FEATURE = "retention"
 
 
 class CollectorConfig(LayeredSettings):
@@ -213,6 +215,7 @@ class RolloutCollector:
         self._client: httpx.AsyncClient | None = None
         self._cursor = 0
         self._delta = False
+        self._retention = False
         self._in_flight: dict[str, _Group] = {}
         self._by_rollout: dict[str, str] = {}
         self._ready: deque[RolloutGroup] = deque()
@@ -243,6 +246,7 @@ class RolloutCollector:
             info = await self._request("GET", "/api/info", ok=(200, 404))
             features = info.json().get("features", []) if info.status_code == 200 else []
             self._delta = DELTA_FEATURE in features
+            self._retention = RETENTION_FEATURE in features
             page = await self._request("GET", "/api/rollouts/terminal", params={"after": 0, "limit": 1})
             self._cursor = int(page.json()["total_terminal"])
         except BaseException:
@@ -319,6 +323,17 @@ class RolloutCollector:
     async def resume(self) -> None:
         """Let proxied model calls through again."""
         await self._request("POST", "/proxy/resume")
+
+    async def mark_consumed(self, rollout_ids: Sequence[str]) -> None:
+        """Tell the gateway that a step trained on these rollouts, as consumed by this run: until
+        then a retention purge keeps them (docs/lifecycle.md#retention). Idempotent (a rollout
+        keeps its first mark), so retried like every request here; a gateway without the
+        `retention` extension is not asked."""
+        if not self._retention or not rollout_ids:
+            return
+        body = {"rollout_ids": list(rollout_ids), "consumer": self.config.run_id}
+        marks = (await self._request("POST", "/api/rollouts/consumed", json=body)).json()
+        log.debug("rollouts marked consumed", marked=marks["marked"], unknown=len(marks["unknown"]))
 
     # -- submission and waiting ------------------------------------------------------------------
 

@@ -140,8 +140,18 @@ class TrainingLoop:
         # The serving side after the publish: replicas serving the new version, replicas that failed.
         record.update({f"publish/{key}": value for key, value in publish.items()})
         self.sink.write(record, consumed=[r.rollout_id for r in rollouts])
+        if rollouts:
+            await self._mark_consumed(step, [r.rollout_id for r in rollouts])
         self._steps_done += 1
         return record
+
+    async def _mark_consumed(self, step: int, rollout_ids: list[str]) -> None:
+        """Tell the gateway the step's rollouts are trained on, so a retention purge may delete them
+        (docs/lifecycle.md#retention). A failure only keeps them protected: logged, never fatal."""
+        try:
+            await self.collector.mark_consumed(rollout_ids)
+        except KeraunosError as exc:
+            log.warning("could not mark the step's rollouts consumed", step=step, error=str(exc))
 
     def _check_failures(self, step: int, metrics: dict[str, float]) -> None:
         """Stop when every rollout of the run's first step failed (a broken agent, not bad luck).

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 
 from keraunos.training._data import CompletedRollout, Triplet
-from keraunos.training.collect import CollectedBatch, DrainReport, RolloutGroup
+from keraunos.training.collect import CollectedBatch, CollectorError, DrainReport, RolloutGroup
 from keraunos.training.loop import TrainError, TrainingLoop
 from keraunos.training.records import MetricsSink
 from keraunos.training.train_config import TrainConfig
@@ -64,6 +65,9 @@ class Recorder:
 
     async def resume(self) -> None:
         self.calls.append("resume")
+
+    async def mark_consumed(self, rollout_ids: list[str]) -> None:
+        self.calls.append(f"consumed {len(rollout_ids)}")
 
     # trainer
     def update(self, rows: Any, advantages: np.ndarray) -> dict[str, float]:
@@ -121,6 +125,7 @@ async def test_an_update_pauses_trains_swaps_reregisters_then_resumes(tmp_path: 
         "swap",
         "register ['http://127.0.0.1:1/v1'] v1",
         "resume",
+        "consumed 2",
     ]
     assert record["version"] == 1 and record["train/loss"] == 0.5 and record["reward_mean"] == 0.5
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
@@ -136,8 +141,25 @@ async def test_the_gateway_is_resumed_even_when_the_update_fails(tmp_path: Path)
 async def test_a_skipped_update_keeps_the_weights_and_their_version(tmp_path: Path) -> None:
     recorder = Recorder(rollouts=GROUP, metrics=CREATED, train={"update_skipped": 1.0})
     record = await make_loop(recorder, tmp_path).step(0, iter([]))
-    assert recorder.calls == ["collect v0", "pause", "train 2 rows", "resume"]
+    assert recorder.calls == ["collect v0", "pause", "train 2 rows", "resume", "consumed 2"]
     assert record["version"] == 0
+
+
+class MarkFails(Recorder):
+    """A collector whose gateway refuses the consumed marks (docs/lifecycle.md#retention)."""
+
+    async def mark_consumed(self, rollout_ids: list[str]) -> None:
+        raise CollectorError("POST /api/rollouts/consumed: HTTP 503: ledger unavailable")
+
+
+async def test_a_step_whose_consumed_marks_fail_still_completes_and_logs_it(tmp_path: Path) -> None:
+    recorder = MarkFails(rollouts=GROUP, metrics=CREATED, train={"loss": 0.5, "update_skipped": 0.0})
+    with structlog.testing.capture_logs() as logs:
+        record = await make_loop(recorder, tmp_path).step(0, iter([]))
+    assert record["version"] == 1
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "could not mark the step's rollouts consumed"
+    ]
 
 
 async def test_a_step_without_rows_does_not_touch_the_gateway_or_the_weights(tmp_path: Path) -> None:
