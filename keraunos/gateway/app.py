@@ -84,7 +84,7 @@ def create_app(
     if keys is None and config.keys_file is not None:
         keys = load_keys(config.keys_file, server_key=config.key)
     if redaction_policy is None and config.redaction_policy is not None:
-        redaction_policy = load_policy(config.redaction_policy)
+        redaction_policy = load_policy(config.redaction_policy, config.redaction_tokenizer)
     metrics = GatewayMetrics()  # this app's own registry, served at /metrics
     proxy = ProxyState(config, ledger, metrics, coordination)
     redaction = GatewayRedaction(redaction_policy, metrics) if redaction_policy is not None else None

@@ -195,8 +195,14 @@ class GatewayConfig(LayeredSettings):
         default=None,
         description="YAML or JSON file of redaction rules applied before anything is committed "
         "(model calls, agent events, attempt logs): 'rules: [{detector: email}, {name: ticket, "
-        "pattern: \"TCK-[0-9]+\", fields: [messages]}]'; a model call with a finding is stored "
-        "without its token ids (untrainable). docs/lifecycle.md#redaction",
+        'pattern: "TCK-[0-9]+", fields: [messages]}]\'; a model call with a finding is stored '
+        "without its token ids (untrainable), or with 'tokens: placeholder' with the placeholder's "
+        "ids in place of the secret's, masked from training. docs/lifecycle.md#redaction",
+    )
+    redaction_tokenizer: Path | None = Field(
+        default=None,
+        description="--redaction-policy with 'tokens: placeholder': the served model's Hugging Face "
+        "tokenizer directory (its tokenizer.json), loaded once, to find the ids covering a secret.",
     )
     attempt_log_max_bytes: int = Field(
         default=10 * 1024 * 1024,
@@ -257,6 +263,12 @@ class GatewayConfig(LayeredSettings):
                 "keys_file without a server key needs token_secret: agent tokens are signed with a "
                 "secret derived from the server key, and an empty one is known to everyone"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tokenizer_needs_a_policy(self) -> GatewayConfig:
+        if self.redaction_tokenizer is not None and self.redaction_policy is None:
+            raise ValueError("redaction_tokenizer is used only with redaction_policy (tokens: placeholder)")
         return self
 
     @field_validator("protected_labels", mode="before")

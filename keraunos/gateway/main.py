@@ -59,7 +59,11 @@ async def _serve(config: GatewayConfig) -> int:
     # A bad keys file is the caller's mistake: one line (ConfigError), before anything is opened.
     keys = load_keys(config.keys_file, server_key=config.key) if config.keys_file is not None else None
     # So is a bad redaction policy: refused before any call could be stored unredacted.
-    redaction_policy = load_policy(config.redaction_policy) if config.redaction_policy is not None else None
+    redaction_policy = (
+        load_policy(config.redaction_policy, config.redaction_tokenizer)
+        if config.redaction_policy is not None
+        else None
+    )
     # The ledger first, before the web stack is even imported: a second gateway on the same file
     # fails fast, says why, and never binds the port.
     try:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from keraunos._settings import ConfigError
 from keraunos.redaction._detectors import DETECTORS, Detector
+from keraunos.redaction._tokens import TokenCodec
 
 #: Where a rule applies. `messages`: the contents of a model call's request messages (any nesting
 #: of content parts) and a completions prompt; `tool_arguments`: tool call arguments in requests and
@@ -36,7 +37,7 @@ FIELDS: tuple[RedactionField, ...] = (
 MODEL_CALL_FIELDS: frozenset[str] = frozenset(("messages", "tool_arguments", "tool_results", "response"))
 
 DetectorName = Literal["email", "phone", "api_key", "credit_card", "ipv4"]
-TokenPolicy = Literal["untrainable"]
+TokenPolicy = Literal["untrainable", "placeholder"]
 
 
 class RedactionRule(BaseModel):
@@ -87,11 +88,17 @@ class RedactionRule(BaseModel):
 class RedactionPolicy(BaseModel):
     """What the gateway redacts before it commits anything, and what becomes of a redacted call's
     token ids (`tokens`): `untrainable` removes them (and their log probs) from the stored call and
-    marks it, so no stored id sequence decodes to a secret and the trainer builds no row from it."""
+    marks it, so no stored id sequence decodes to a secret and the trainer builds no row from it;
+    `placeholder` (with a tokenizer) replaces the ids covering each secret by the placeholder's ids
+    and lists those response positions for the trainer to mask, falling back to `untrainable`
+    for a call where that cannot be done faithfully (`keraunos.redaction._tokens`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tokens: TokenPolicy = Field(default="untrainable", description="What becomes of a redacted call's ids.")
+    tokens: TokenPolicy = Field(
+        default="untrainable",
+        description="What becomes of a redacted call's ids: untrainable or placeholder.",
+    )
     rules: tuple[RedactionRule, ...] = Field(min_length=1, description="Applied in this order.")
 
     @model_validator(mode="after")
@@ -124,13 +131,21 @@ class CompiledPolicy:
 
     policy: RedactionPolicy
     by_field: dict[str, tuple[CompiledRule, ...]]
+    #: `tokens: placeholder`: the serving model's tokenizer (None otherwise).
+    codec: TokenCodec | None = None
 
     def rules(self, field: str) -> tuple[CompiledRule, ...]:
         return self.by_field.get(field, ())
 
 
-def compile_policy(policy: RedactionPolicy) -> CompiledPolicy:
-    """Compile each rule's pattern once and group the rules by field."""
+def compile_policy(policy: RedactionPolicy, codec: TokenCodec | None = None) -> CompiledPolicy:
+    """Compile each rule's pattern once and group the rules by field; `codec` is the tokenizer
+    `tokens: placeholder` needs (and only it takes)."""
+    if (policy.tokens == "placeholder") != (codec is not None):
+        raise ConfigError(
+            "a redaction policy with 'tokens: placeholder' needs the serving model's tokenizer "
+            "(--redaction-tokenizer DIR), and only such a policy takes one"
+        )
     compiled: list[tuple[RedactionRule, CompiledRule]] = []
     for rule in policy.rules:
         if rule.detector is not None:
@@ -140,11 +155,12 @@ def compile_policy(policy: RedactionPolicy) -> CompiledPolicy:
             detector = Detector(re.compile(rule.pattern, re.IGNORECASE if rule.ignore_case else 0))
         compiled.append((rule, CompiledRule(rule.rule_name, f"[REDACTED:{rule.rule_name}]", detector)))
     by_field = {field: tuple(c for rule, c in compiled if field in rule.fields) for field in FIELDS}
-    return CompiledPolicy(policy, by_field)
+    return CompiledPolicy(policy, by_field, codec)
 
 
-def load_policy(path: Path) -> CompiledPolicy:
-    """The compiled policy of the YAML (or JSON) file at `path`; `ConfigError` in one line otherwise."""
+def load_policy(path: Path, tokenizer: Path | None = None) -> CompiledPolicy:
+    """The compiled policy of the YAML (or JSON) file at `path`, with the Hugging Face tokenizer
+    directory `tokenizer` loaded once for `tokens: placeholder`; `ConfigError` in one line otherwise."""
     import yaml
 
     try:
@@ -162,4 +178,13 @@ def load_policy(path: Path) -> CompiledPolicy:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"]) or "the file"
         raise ConfigError(f"redaction policy {path}: {where}: {error['msg']}") from None
-    return compile_policy(policy)
+    codec = None
+    if tokenizer is not None and policy.tokens == "placeholder":
+        from keraunos.redaction._tokens import HfTokenizer
+
+        codec = HfTokenizer(tokenizer)
+    elif tokenizer is not None:
+        raise ConfigError(
+            f"--redaction-tokenizer is only used by a policy with 'tokens: placeholder'; {path} has none"
+        )
+    return compile_policy(policy, codec)

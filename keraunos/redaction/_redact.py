@@ -9,7 +9,10 @@ A model call with any finding takes its token ids with it (`tokens: untrainable`
 carry the sampled tokens' text) are removed, and `data["redaction"]` says so. Its prompt and its
 response are therefore not stored as ids anywhere, so no stored id sequence decodes to the secret,
 and the trainer has nothing to build a row from. A later call of the same conversation carries the
-secret in its own prompt text, so it is redacted (and untrainable) in turn.
+secret in its own prompt text, so it is redacted (and untrainable) in turn. With `tokens:
+placeholder` the ids covering each secret are replaced by the placeholder's instead and choice 0's
+replaced positions listed in `redaction.masked` (`keraunos.redaction._tokens`), falling back to
+untrainable where that cannot be done faithfully.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from keraunos.redaction._detectors import secret_span
-from keraunos.redaction._policy import CompiledPolicy
+from keraunos.redaction._policy import MODEL_CALL_FIELDS, CompiledPolicy
+from keraunos.redaction._tokens import Replaced, TokenCodec, realign, replace_spans
 
 #: `role`s whose message content is a tool's result (`function` is the legacy name).
 TOOL_ROLES = frozenset(("tool", "function"))
@@ -62,23 +66,33 @@ class TextCache:
     def __init__(self, max_chars: int = 32 * 1024 * 1024) -> None:
         self.max_chars = max_chars
         self._held = 0
-        self._entries: dict[tuple[str, str], tuple[str, tuple[tuple[str, int], ...]]] = {}
+        self._entries: dict[tuple[str, str], _Scanned] = {}
 
     @property
     def held_chars(self) -> int:
         """Characters held (the texts and their redacted forms)."""
         return self._held
 
-    def get(self, field: str, text: str) -> tuple[str, tuple[tuple[str, int], ...]] | None:
+    def get(self, field: str, text: str) -> _Scanned | None:
         return self._entries.get((field, text))
 
-    def put(self, field: str, text: str, redacted: str, counts: tuple[tuple[str, int], ...]) -> None:
-        self._entries[field, text] = (redacted, counts)
-        self._held += len(text) + len(redacted)
+    def put(self, field: str, text: str, scanned: _Scanned) -> None:
+        self._entries[field, text] = scanned
+        self._held += len(text) + len(scanned.text)
         while self._held > self.max_chars and self._entries:
             key = next(iter(self._entries))
-            old_redacted, _ = self._entries.pop(key)
-            self._held -= len(key[1]) + len(old_redacted)
+            old = self._entries.pop(key)
+            self._held -= len(key[1]) + len(old.text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scanned:
+    """A text as redacted, what each rule found in it, and the matched texts with their placeholders
+    (kept in memory only, for `tokens: placeholder` to find them in the call's ids)."""
+
+    text: str
+    counts: tuple[tuple[str, int], ...]
+    secrets: tuple[tuple[str, str], ...]
 
 
 class _Pass:
@@ -88,6 +102,17 @@ class _Pass:
         self.policy = policy
         self.cache = cache
         self.findings: list[Finding] = []
+        self.secrets: dict[str, str] = {}  # matched text -> its placeholder; never stored
+
+    def matches(self, text: str) -> bool:
+        """Whether any rule of a model call's fields still matches somewhere in `text`."""
+        for field in MODEL_CALL_FIELDS:
+            for rule in self.policy.rules(field):
+                for match in rule.detector.pattern.finditer(text):
+                    start, end = secret_span(match)
+                    if end > start and (rule.detector.check is None or rule.detector.check(text[start:end])):
+                        return True
+        return False
 
     def text(self, field: str, path: str, text: str) -> str:
         """`text` with every match of the field's rules replaced, in the policy's order."""
@@ -95,10 +120,12 @@ class _Pass:
         if cache is not None:
             known = cache.get(field, text)
             if known is not None:
-                self.findings.extend(Finding(rule, field, path, count) for rule, count in known[1])
-                return known[0]
+                self.findings.extend(Finding(rule, field, path, count) for rule, count in known.counts)
+                self.secrets.update(known.secrets)
+                return known.text
         original = text
         counts: list[tuple[str, int]] = []
+        secrets: list[tuple[str, str]] = []
         for rule in self.policy.rules(field):
             pieces: list[str] = []
             last = count = 0
@@ -110,6 +137,7 @@ class _Pass:
                     continue
                 pieces.append(text[last:start])
                 pieces.append(rule.placeholder)
+                secrets.append((text[start:end], rule.placeholder))
                 last = end
                 count += 1
             if count:
@@ -117,8 +145,9 @@ class _Pass:
                 text = "".join(pieces)
                 counts.append((rule.name, count))
         self.findings.extend(Finding(rule, field, path, count) for rule, count in counts)
+        self.secrets.update(secrets)
         if cache is not None:
-            cache.put(field, original, text, tuple(counts))
+            cache.put(field, original, _Scanned(text, tuple(counts), tuple(secrets)))
         return text
 
     def value(self, field: str, path: str, value: Any) -> Any:
@@ -207,12 +236,86 @@ def redact_model_request(
     if not run.findings:
         return Redaction(data, ())
     findings = tuple(run.findings)
+    found = [f.as_json() for f in findings]
+    if policy.codec is not None:
+        placed = _with_placeholders(run, policy.codec, new_response)
+        if placed is not None:
+            response, masked = placed
+            return Redaction(
+                {**out, "response": response, "redaction": {"masked": masked, "findings": found}}, findings
+            )
     out = {
         **out,
         "response": _without_tokens(new_response),
-        "redaction": {"untrainable": True, "findings": [f.as_json() for f in findings]},
+        "redaction": {"untrainable": True, "findings": found},
     }
     return Redaction(out, findings)
+
+
+def _with_placeholders(run: _Pass, codec: TokenCodec, response: Any) -> tuple[Any, list[int]] | None:
+    """`tokens: placeholder`: the response with every id sequence's secrets replaced by their
+    placeholders' ids, chat log probs laid out along (0 and no alternatives where replaced; none
+    kept for completions), and choice 0's replaced positions; None where any sequence cannot be
+    (the call is then made untrainable)."""
+    if not isinstance(response, dict):
+        return (response, []) if response is None else None  # legacy stream chunks: untrainable
+    secrets = run.secrets
+    out = {k: v for k, v in response.items() if k != "prompt_logprobs"}
+    if isinstance(out.get("prompt_token_ids"), list):
+        replaced = replace_spans(codec, out["prompt_token_ids"], secrets, run.matches)
+        if replaced is None:
+            return None
+        out["prompt_token_ids"] = replaced.ids
+    masked: list[int] = []
+    choices = out.get("choices")
+    if isinstance(choices, list):
+        new_choices: list[Any] = []
+        for index, choice in enumerate(choices):
+            if not isinstance(choice, dict):
+                new_choices.append(choice)
+                continue
+            new = {k: v for k, v in choice.items() if k != "prompt_logprobs"}
+            if isinstance(new.get("prompt_token_ids"), list):
+                replaced = replace_spans(codec, new["prompt_token_ids"], secrets, run.matches)
+                if replaced is None:
+                    return None
+                new["prompt_token_ids"] = replaced.ids
+            ids = new.get("token_ids")
+            if isinstance(ids, list):
+                replaced = replace_spans(codec, ids, secrets, run.matches)
+                if replaced is None or (replaced.positions and index > 0):
+                    return None  # only choice 0's positions reach the trainer (the triplet's own)
+                new["token_ids"] = replaced.ids
+                new["logprobs"] = _realigned_logprobs(new.get("logprobs"), replaced, codec)
+                if index == 0:
+                    masked = replaced.positions
+            elif "logprobs" in new:
+                new["logprobs"] = None  # no ids to lay them along
+            new_choices.append(new)
+        out["choices"] = new_choices
+    return out, masked
+
+
+def _realigned_logprobs(logprobs: Any, replaced: Replaced, codec: TokenCodec) -> Any:
+    """Chat log probs laid out along the new ids (a replaced position: its placeholder token,
+    log prob 0, no alternatives; alternatives dropped everywhere, as they may spell a secret's
+    pieces); None for any other shape."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return None
+    laid = realign(content, replaced, lambda: None)
+    if laid is None:
+        return None
+    entries: list[Any] = []
+    for position, entry in enumerate(laid):
+        if entry is None:
+            token = codec.decode([replaced.ids[position]])
+            entries.append({"token": token, "logprob": 0.0, "bytes": None, "top_logprobs": []})
+        elif isinstance(entry, dict):
+            entries.append({**entry, "top_logprobs": []})
+        else:
+            return None
+    return {**logprobs, "content": entries}
 
 
 def _request(run: _Pass, request: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,9 @@ class Triplet:
     choices (`n > 1`). Which sample the agent went on with is decided when rows are built.
     `extends_previous` is the reader's explicit word that `prompt_ids` starts with the previous
     triplet's `prompt_ids` + `response_ids` (it built them in one id buffer, `keraunos.prefix`);
-    False says nothing either way.
+    False says nothing either way. `untrained` are positions of `response_ids` that must not train
+    (a redaction placeholder's ids, docs/lifecycle.md#redaction); the reader sets it only on a
+    triplet without alternatives.
     """
 
     prompt_ids: np.ndarray
@@ -37,6 +39,7 @@ class Triplet:
     model_version: int | None = None
     alternatives: tuple[Sample, ...] = ()
     extends_previous: bool = False
+    untrained: np.ndarray | None = None
 
     @property
     def samples(self) -> tuple[Sample, ...]:

@@ -64,6 +64,7 @@ class _Call:
     source: int | None  # the event index `link` was built in place on (`extends_previous`)
     data: dict[str, Any]
     keep: bool
+    untrained: np.ndarray | None = None  # response positions a redaction placeholder holds
 
 
 def read_events(events: list[Any], *, reward_version: str | None = None) -> ReadResult:
@@ -105,18 +106,28 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
         for other in replaced if isinstance(replaced, list) else ():
             if not isinstance(other, dict) or _is_failed(other):
                 failed += 1
+            elif isinstance(other.get("redaction"), dict):  # its sample's ids hold placeholders
+                unreadable += 1
+                redacted += 1
             elif call is None or _ids(other.get("response_token_ids")) is None:
                 unreadable += 1
             else:
                 samples, lost = _choice_samples(other)
                 earlier.setdefault(index, []).extend(samples)
                 unreadable_choices += lost
+        masked, mask_fits = _masked(data, response)
         if _is_failed(data):
             failed += 1
         elif call is None or response is None:
             unreadable += 1
+        elif not mask_fits or (masked is not None and (index in earlier or _several_choices(data))):
+            # A placeholder mask is of choice 0 alone: with other samples of the prompt (or a mask
+            # that does not fit), which one trains is not known, so none does.
+            unreadable += 1
+            redacted += 1
         else:
             call.keep = True
+            call.untrained = masked
     triplets = []
     last_kept: int | None = None  # event index of the previous triplet, when its first sample is its own
     for index, call in calls.items():
@@ -128,12 +139,14 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
         elif not samples:
             continue
         link = call.link
+        untrained = None
         if call.keep and link.response is not None:
             first = Sample(
                 link.response,
                 _logprobs(call.data.get("response_log_probs"), len(link.response)),
                 _version(call.data.get("server")),
             )
+            untrained = call.untrained
         else:  # this call failed, but a call it replaced did not: the latest of those stands first
             first = samples.pop()
         triplets.append(
@@ -144,6 +157,7 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
                 model_version=first.model_version,
                 alternatives=tuple(samples),
                 extends_previous=link.extends_previous and last_kept is not None and call.source == last_kept,
+                untrained=untrained,
             )
         )
         last_kept = index if call.keep else None
@@ -235,6 +249,28 @@ def _version(server: Any) -> int | None:
         if isinstance(version, int) and not isinstance(version, bool):
             return version
     return None
+
+
+def _masked(data: dict[str, Any], response: np.ndarray | None) -> tuple[np.ndarray | None, bool]:
+    """The response positions a redaction placeholder holds (`redaction.masked`; None when the
+    call has none), and whether they are positions of its response at all."""
+    redaction = data.get("redaction")
+    masked = redaction.get("masked") if isinstance(redaction, dict) else None
+    if masked is None:
+        return None, True
+    positions = _ids(masked)
+    if (
+        positions is None
+        or response is None
+        or (positions.size and not 0 <= positions.min() <= positions.max() < len(response))
+    ):
+        return None, False
+    return (positions if positions.size else None), True
+
+
+def _several_choices(data: dict[str, Any]) -> bool:
+    choices = data.get("choices")
+    return isinstance(choices, list) and len(choices) > 1
 
 
 def _redacted_untrainable(data: dict[str, Any]) -> bool:

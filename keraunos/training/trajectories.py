@@ -144,10 +144,14 @@ class _Draft:
     first_call: int
     pieces: list[tuple[np.ndarray, bool, np.ndarray | None]] = field(default_factory=list)
     n_calls: int = 0
+    untrained: list[int] = field(default_factory=list)  # response positions that never train
 
     def add_call(self, triplet: Triplet, gap: np.ndarray | None) -> None:
         if gap is not None and gap.size:
             self.pieces.append((gap, False, None))
+        if triplet.untrained is not None:  # a redaction placeholder's ids
+            offset = sum(len(piece[0]) for piece in self.pieces)
+            self.untrained.extend((offset + triplet.untrained).tolist())
         self.pieces.append((triplet.response_ids, True, triplet.logprobs))
         self.n_calls += 1
 
@@ -365,6 +369,8 @@ def _pack(
             if trainable:
                 mask[offset : offset + len(piece_ids)] = True
             offset += len(piece_ids)
+        if draft.untrained:
+            mask[np.asarray(draft.untrained)] = False
         if not mask.any():
             counts["no_trainable_rows"] += 1
             continue

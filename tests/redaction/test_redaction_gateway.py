@@ -15,11 +15,9 @@ text the test chose (ids from the same encoding) for secrets in the model's repl
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import numpy as np
@@ -27,6 +25,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from redaction_support import ScriptedModel
 
 from keraunos.gateway._redaction import GatewayRedaction
 from keraunos.gateway.metrics import GatewayMetrics
@@ -95,56 +94,9 @@ def redacting_gateway(
     return gateway
 
 
-class ScriptedModel(ThreadingHTTPServer):
-    """A chat model server that answers each call with the next text of `replies` (vLLM's shape,
-    with the stand-in's ids for prompt and reply and a log prob per reply token)."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _ScriptedHandler)
-        self.replies: list[str] = []
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _ScriptedHandler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        replies = cast(ScriptedModel, self.server).replies
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        reply = replies.pop(0) if replies else "ok"
-        ids = TOKENIZER.encode(reply)
-        answer = {
-            "id": "chatcmpl-scripted",
-            "object": "chat.completion",
-            "model": body.get("model"),
-            "prompt_token_ids": TOKENIZER.chat_prompt(body["messages"]),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": reply},
-                    "finish_reason": "stop",
-                    "token_ids": ids,
-                    "logprobs": {"content": [{"token": w, "logprob": -0.5} for w in reply.split()]},
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": len(ids), "total_tokens": 1 + len(ids)},
-        }
-        raw = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def scripted() -> Iterator[ScriptedModel]:
-    server = ScriptedModel()
+    server = ScriptedModel(TOKENIZER.chat_prompt, TOKENIZER.encode)
     yield server
     server.shutdown()
 
