@@ -137,6 +137,9 @@ def reclaim(conn: sqlite3.Connection) -> None:
     on the write connection outside any transaction, while no write batch runs."""
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     conn.execute("VACUUM")
+    # The rebuilt file went through the WAL: copy it back and truncate the WAL. A reader in the
+    # middle of a read holds its snapshot; the checkpoint waits for it up to the busy timeout, and
+    # past that leaves the WAL to the checkpoint thread (the report's size then includes it).
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
