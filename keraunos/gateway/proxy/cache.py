@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from keraunos.gateway.proxy.pins import RolloutPins
 from keraunos.gateway.proxy.replay_match import Divergence, source_calls
@@ -61,9 +61,10 @@ class KnownRollouts:
     def __contains__(self, rollout_id: str) -> bool:
         return rollout_id in self._ids
 
-    def replay_of(self, rollout_id: str) -> str | None:
-        """The rollout a known rollout replays, or None (also for an unknown one)."""
-        return self._ids.get(rollout_id)
+    def known(self, rollout_id: str) -> str | Literal[False] | None:
+        """False for an unknown rollout; for a known one, the rollout it replays or None. One
+        lookup: the proxy's check that a rollout exists costs what it cost before replays."""
+        return self._ids.get(rollout_id, False)
 
     def add(self, rollout_id: str, replay_of: str | None = None) -> None:
         ids = self._ids

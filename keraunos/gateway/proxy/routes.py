@@ -577,8 +577,9 @@ async def _check_rollout(state: ProxyState, rollout_id: str) -> str | None:
     """Raise `RolloutNotFound` (404) unless the rollout exists; known ids cost no ledger read.
     Returns the rollout it replays (`metadata.replay_of`, read with it), None for most rollouts."""
     rollouts = state.rollouts
-    if rollout_id in rollouts:
-        return rollouts.replay_of(rollout_id)
+    known = rollouts.known(rollout_id)
+    if known is not False:
+        return known
     rollout = await state.ledger.get_rollout(rollout_id)
     if rollout is None:
         raise RolloutNotFound(rollout_id)
