@@ -177,6 +177,30 @@ def test_two_reward_versions_coexist_and_the_trainers_read_of_the_triplet_view_p
         assert read_events(triplets, reward_version="flipped-v1").reward == pytest.approx(1 - old + 0.04)
 
 
+def test_the_window_and_the_filters_choose_which_rollouts_are_scored(stack: Gateway, cli: Cli) -> None:
+    before = terminal_count(stack)
+    ids = store_groups(stack, {"w": [1.0, 0.0, 1.0]}, prefix=unique_id("window"))
+    env = {"PYTHONPATH": str(HERE)}
+    window = ("--after", str(before + 1), "--until", str(before + 2), "--progress", "false")
+    val_only = rereward(
+        cli,
+        stack,
+        "--version",
+        "w1",
+        "--callable",
+        "rereward_fns:flipped",
+        *window,
+        "--is-train",
+        "false",
+        env=env,
+    )
+    assert "0 rollouts in 0 groups" in val_only.stdout, val_only.stderr  # every one is a training rollout
+    result = rereward(cli, stack, "--version", "w1", "--callable", "rereward_fns:flipped", *window, env=env)
+    assert "1 rollouts in 1 groups" in result.stdout and "scored 1" in result.stdout, result.stderr
+    scored = [rid for rid in ids if of_type(events_of(stack, rid), "reward_version")]
+    assert scored == [ids[1]]  # terminal position before + 2 only
+
+
 def test_the_engine_stand_in_as_judge_answers_no_json_so_groups_are_reported_unscored_and_it_exits_0(
     stack: Gateway, cli: Cli, engine: Engine
 ) -> None:
