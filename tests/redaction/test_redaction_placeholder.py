@@ -22,6 +22,7 @@ from redaction_support import ScriptedModel
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from keraunos._settings import ConfigError
+from keraunos.gateway.config import GatewayConfig
 from keraunos.redaction import RedactionPolicy, compile_policy, load_policy, redact_model_request
 from keraunos.redaction._tokens import HfTokenizer, replace_spans
 from keraunos.testing.processes import SERVED_MODEL, Gateway, unique_id
@@ -136,6 +137,14 @@ def test_placeholder_needs_a_tokenizer_and_a_tokenizer_needs_placeholder(
         load_policy(untrainable, tokenizer_dir)
     with pytest.raises(ConfigError, match="cannot load the redaction tokenizer"):
         load_policy(placeholder, tmp_path)
+
+
+def test_the_gateway_refuses_a_redaction_tokenizer_without_a_redaction_policy(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="redaction_tokenizer is used only with redaction_policy"):
+        GatewayConfig(redaction_tokenizer=tmp_path)
+    assert GatewayConfig(
+        redaction_tokenizer=tmp_path, redaction_policy=tmp_path / "p.yaml"
+    ).redaction_tokenizer
 
 
 def test_the_trainer_masks_the_placeholder_positions_and_trains_the_rest_of_the_call() -> None:
