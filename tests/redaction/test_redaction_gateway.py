@@ -348,3 +348,21 @@ def test_the_gateway_counts_findings_by_rule_and_field_and_quotes_a_model_answer
     text = metrics.render().decode()
     assert 'keraunos_redactions_total{field="logs",rule="email"} 2.0' in text
     assert 'field="response"' not in text
+
+
+def test_a_gateway_on_postgresql_stores_a_redacted_call_untrainable_too(
+    session_gateway_factory: Any, engine: Engine, postgres_dsn: str, tmp_path: Path
+) -> None:
+    gateway = session_gateway_factory(
+        db=postgres_dsn, args=(*GATEWAY_ARGS, "--redaction-policy", str(_write_policy(tmp_path)))
+    )
+    gateway.register([engine])
+    secret = "AKIAIOSFODNN7EXAMPLE"
+    with gateway.client() as api:
+        rollout_id = _new_rollout(api)
+        _chat(gateway, rollout_id, [{"role": "user", "content": f"w1 {secret} w2"}])
+        plain = api.get(f"/api/rollouts/{rollout_id}/events").text
+        (triplet,) = api.get(f"/api/rollouts/{rollout_id}/events", params={"format": "triplet"}).json()
+    assert secret not in plain and "[REDACTED:api_key]" in plain
+    assert triplet["data"]["redaction"]["untrainable"] is True
+    assert read_events_json(json.dumps([triplet]).encode()).redacted_calls == 1
