@@ -85,12 +85,12 @@ COMMANDS: tuple[Command, ...] = (
         "scores from val-mode rollouts, the winner released through the replay gate and canary.",
     ),
     Command(
-        "replay",
-        "keraunos.replay.main:replay_app",
-        "Replay a recorded rollout with no model, its calls answered from the record "
-        "(see keraunos replay --help).",
-        "Run a finished rollout's agent again through the gateway, each model call answered with the "
-        "recorded one; report the first field where a call differs, and whether the reward is the same.",
+        "export",
+        "keraunos.export.main:export_app",
+        "Export rollouts, model calls or training rows to JSONL, Parquet or a Hugging Face dataset "
+        "(see keraunos export --help).",
+        "Stream a gateway's ledger out: rollouts, calls or the trainer's rows, to JSONL, Parquet or "
+        "a Hugging Face datasets directory, in bounded memory.",
     ),
     Command(
         "rereward",
@@ -99,6 +99,14 @@ COMMANDS: tuple[Command, ...] = (
         "(see keraunos rereward --help).",
         "Re-reward stored rollouts: a Python callable or an OpenAI-compatible judge (RULER-style, a "
         "group at once) recorded as a named reward version beside the agent's reward; train picks one.",
+    ),
+    Command(
+        "replay",
+        "keraunos.replay.main:replay_app",
+        "Replay a recorded rollout with no model, its calls answered from the record "
+        "(see keraunos replay --help).",
+        "Run a finished rollout's agent again through the gateway, each model call answered with the "
+        "recorded one; report the first field where a call differs, and whether the reward is the same.",
     ),
     Command(
         "retention",
