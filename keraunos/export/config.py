@@ -103,6 +103,11 @@ class ExportConfig(LayeredSettings):
     fill_reward: float = Field(
         default=0.0, description="rows: reward of filled failed rollouts and of succeeded ones without one."
     )
+    reward_version: str | None = Field(
+        default=None,
+        description="rows, rollouts: the reward of this reward version (keraunos rereward) instead "
+        "of the agent's; a rollout without it counts as one without a reward.",
+    )
 
     # -- how it reads and writes ---------------------------------------------------------------------
     batch_rows: int = Field(

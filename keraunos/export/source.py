@@ -10,7 +10,8 @@ finish while it runs are left for the next export, which starts `--after` where 
 Per rollout, only what the export needs is read: its detail (`GET /api/rollouts/{id}`) for
 `--what rollouts`, a creation-time window or an id list; its resources for `--what rollouts` or a
 resource filter; its events in triplet form (`delta=1` where `/api/info` lists `triplet-delta`)
-for rows, only its reward events for rollouts, and the events as stored for calls.
+for rows, only its reward (or `--reward-version`) events for rollouts, and the events as stored
+for calls.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from keraunos.errors import KeraunosError
 from keraunos.export.config import ExportConfig
 from keraunos.export.rows import group_of, version_number
 from keraunos.protocol import MODEL_REQUEST
-from keraunos.training._read import ReadResult, TripletReadError, read_events, read_events_json
+from keraunos.training._read import (
+    REWARD,
+    REWARD_VERSION,
+    ReadResult,
+    TripletReadError,
+    read_events,
+    read_events_json,
+)
 
 log = structlog.get_logger("keraunos.export.source")
 
@@ -188,17 +196,16 @@ class GatewaySource:
             if raw is None:
                 return None
             try:
-                fetched.read = read_events_json(raw)
+                fetched.read = read_events_json(raw, reward_version=config.reward_version)
             except (TripletReadError, orjson.JSONDecodeError) as exc:
                 # The trainer skips such a rollout too (its read is None: `unreadable_rollouts`).
                 log.error("rollout events unreadable", rollout_id=rid, error=str(exc))
         elif config.what == "rollouts":
-            raw = await self._raw(
-                f"/api/rollouts/{rid}/events", {"format": "triplet", "event_type": "reward"}
-            )
+            rewards = REWARD if config.reward_version is None else REWARD_VERSION
+            raw = await self._raw(f"/api/rollouts/{rid}/events", {"format": "triplet", "event_type": rewards})
             if raw is None:
                 return None
-            fetched.read = read_events(_loads(raw))
+            fetched.read = read_events(_loads(raw), reward_version=config.reward_version)
         else:
             raw = await self._raw(f"/api/rollouts/{rid}/events", {"event_type": MODEL_REQUEST})
             if raw is None:

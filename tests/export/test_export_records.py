@@ -102,6 +102,21 @@ def test_rows_follow_the_trainers_failure_and_reward_policy(run_export: RunExpor
     assert filled.rollouts_exported == dropped.rollouts_exported + 1 == len(LEDGER)
 
 
+def test_a_reward_version_replaces_the_agents_reward_in_rows_and_rollout_records(
+    run_export: RunExport, ledger: Ledger
+) -> None:
+    event = {"event_type": "reward_version", "data": {"version": "judge-v1", "value": 0.125}}
+    with ledger.gateway.client() as api:
+        assert api.post("/api/rollouts/exp.g0.0/attempt/0/events", json=event).status_code == 200
+    rows = read_jsonl(run_export(what="rows", reward_version="judge-v1", fill_reward=-1.0).out)
+    assert {r["rollout_id"]: r["reward"] for r in rows}["exp.g0.0"] == 0.125
+    assert {r["reward"] for r in rows if r["rollout_id"] != "exp.g0.0"} == {-1.0}  # no such version
+    records = read_jsonl(run_export(what="rollouts", reward_version="judge-v1").out)
+    assert {r["rollout_id"]: r["reward"] for r in records if r["reward"] is not None} == {"exp.g0.0": 0.125}
+    agents = read_jsonl(run_export(what="rollouts").out)
+    assert {r["rollout_id"]: r["reward"] for r in agents}["exp.g0.0"] == 0.25
+
+
 @pytest.mark.parametrize("what", ["rollouts", "calls", "rows"])
 def test_jsonl_parquet_and_a_datasets_directory_hold_the_same_records(
     run_export: RunExport, tmp_path: Path, what: str
