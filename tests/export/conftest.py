@@ -15,22 +15,34 @@ from export_support import LEDGER, RESOURCE, ExportCli, Ledger, RunExport, run_a
 
 from keraunos.export.config import ExportConfig
 from keraunos.export.run import ExportSummary, export
-from keraunos.testing.processes import SERVED_MODEL, Engine, clean_env, keraunos_command
+from keraunos.testing.postgres import PostgresServer
+from keraunos.testing.processes import SERVED_MODEL, Engine, Gateway, clean_env, keraunos_command
+
+GATEWAY_ARGS = (
+    "--served-model",
+    SERVED_MODEL,
+    "--proxy-max-attempts",
+    "2",
+    "--proxy-backoff-initial-s",
+    "0.01",
+)
 
 
 @pytest.fixture(scope="module")
 def ledger(session_gateway_factory: Any, engine: Engine) -> Ledger:
-    """A gateway whose ledger holds `LEDGER`, every rollout finished, in `LEDGER`'s order."""
-    gateway = session_gateway_factory(
-        args=(
-            "--served-model",
-            SERVED_MODEL,
-            "--proxy-max-attempts",
-            "2",
-            "--proxy-backoff-initial-s",
-            "0.01",
-        )
-    )
+    """A gateway on a SQLite ledger holding `LEDGER`, every rollout finished, in `LEDGER`'s order."""
+    return record_ledger(session_gateway_factory(args=GATEWAY_ARGS), engine)
+
+
+@pytest.fixture(scope="module")
+def postgres_ledger(session_gateway_factory: Any, engine: Engine, postgres: PostgresServer) -> Ledger:
+    """The same on a PostgreSQL ledger (skipped where PostgreSQL's binaries are absent)."""
+    db = postgres.create_database("export")
+    return record_ledger(session_gateway_factory(db=db, args=GATEWAY_ARGS), engine)
+
+
+def record_ledger(gateway: Gateway, engine: Engine) -> Ledger:
+    """Run `LEDGER`'s rollouts on `gateway`, its proxy answered by `engine` (registered at version 1)."""
     gateway.register([engine], version=1)
     created_at: dict[str, float] = {}
     answers: dict[str, list[str]] = {}

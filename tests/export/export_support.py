@@ -8,15 +8,25 @@ multi-turn agent sends it), posts its reward and ends in its state, as an agent 
 
 from __future__ import annotations
 
+import json
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
 from keraunos.export.run import ExportSummary
 from keraunos.testing.processes import SERVED_MODEL, Gateway
+from keraunos.training._outcome import SiblingOutcome, settle_group
+from keraunos.training._read import read_events_json
+from keraunos.training.trajectories import Level, TrajectoryConfig, build_rows
 
 
 @dataclass(frozen=True)
@@ -79,3 +89,60 @@ def run_agent(api: httpx.Client, gateway: Gateway, recorded: Recorded) -> list[s
 RunExport = Callable[..., ExportSummary]
 #: `export_cli(*args)`: the `keraunos export` process (the fixture of that name).
 ExportCli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def trainer_rows(ledger: Ledger, config: TrajectoryConfig) -> Any:
+    """The rows the trainer builds from the module's finished rollouts: read as its collector reads
+    them, settled by its failure and reward policy (the defaults), built by `build_rows`."""
+    kept = []
+    with ledger.gateway.client() as api:
+        items = api.get("/api/rollouts/terminal", params={"after": 0, "limit": 1000}).json()["items"]
+        for item in items:
+            raw = api.get(
+                f"/api/rollouts/{item['rollout_id']}/events", params={"format": "triplet", "delta": "1"}
+            ).content
+            sibling = SiblingOutcome(item["rollout_id"], item["state"], read_events_json(raw))
+            settled = settle_group(
+                item["group_id"],
+                [sibling],
+                failed_rollouts="drop",
+                fill_reward=0.0,
+                min_group_size=1,
+                counts=Counter(),
+            )
+            kept += settled or []
+    return build_rows(kept, config).rows
+
+
+def assert_trainer_rows(out: str, ledger: Ledger, level: Level) -> None:
+    """The Parquet rows file `out` (exported with max_prompt_len = max_response_len = 256) holds,
+    read back with pyarrow and padded again, exactly the rows the trainer builds from `ledger`."""
+    table = pq.read_table(out)
+    assert table.schema.field("prompt_ids").type == pa.list_(pa.int32())
+    assert table.schema.field("logprobs").type == pa.list_(pa.float32())
+    records = table.to_pylist()
+    expected = trainer_rows(ledger, TrajectoryConfig(level=level, max_prompt_len=256, max_response_len=256))
+    assert len(records) == len(expected) >= len({r["rollout_id"] for r in records}) == len(LEDGER) - 1
+    if level == "transition":  # a row per call, not per rollout
+        assert len(records) == sum(r.turns for r in LEDGER if r.state == "succeeded")
+    p = expected.prompt_len
+    for i, record in enumerate(records):
+        prompt, response = record["prompt_ids"], record["response_ids"]
+        ids = np.zeros(p + 256, dtype=np.int64)  # pad id 0, as the trainer's default
+        ids[p - len(prompt) : p] = prompt
+        ids[p : p + len(response)] = response
+        mask = np.zeros(256, dtype=np.int8)
+        mask[: len(response)] = record["response_mask"]
+        logprobs = np.zeros(256, dtype=np.float32)
+        logprobs[: len(response)] = record["logprobs"]
+        assert (record["rollout_id"], record["group_id"]) == (expected.rollout_ids[i], expected.data_ids[i])
+        np.testing.assert_array_equal(ids, expected.input_ids[i])
+        np.testing.assert_array_equal(mask, expected.response_mask[i])
+        np.testing.assert_array_equal(logprobs, expected.old_logprobs[i])
+        assert record["logprobs_valid"] == bool(expected.logprobs_valid[i])
+        assert record["reward"] == pytest.approx(float(expected.rewards[i]))
+        assert (record["first_call"], record["n_calls"]) == (expected.first_call[i], expected.n_calls[i])
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]

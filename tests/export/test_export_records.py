@@ -6,24 +6,16 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from export_support import LEDGER, RESOURCE, Ledger, RunExport
+from export_support import LEDGER, RESOURCE, Ledger, RunExport, assert_trainer_rows, read_jsonl
 
 from keraunos.export.rows import FIELDS
-from keraunos.training._outcome import SiblingOutcome, settle_group
-from keraunos.training._read import read_events_json
-from keraunos.training.trajectories import Level, TrajectoryConfig, build_rows
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+from keraunos.training.trajectories import Level
 
 
 def read_parquet(path: str, what: str) -> list[dict[str, Any]]:
@@ -36,60 +28,13 @@ def read_parquet(path: str, what: str) -> list[dict[str, Any]]:
     return records
 
 
-def trainer_rows(ledger: Ledger, config: TrajectoryConfig) -> Any:
-    """The rows the trainer builds from the module's finished rollouts: read as its collector reads
-    them, settled by its failure and reward policy (the defaults), built by `build_rows`."""
-    kept = []
-    with ledger.gateway.client() as api:
-        items = api.get("/api/rollouts/terminal", params={"after": 0, "limit": 1000}).json()["items"]
-        for item in items:
-            raw = api.get(
-                f"/api/rollouts/{item['rollout_id']}/events", params={"format": "triplet", "delta": "1"}
-            ).content
-            sibling = SiblingOutcome(item["rollout_id"], item["state"], read_events_json(raw))
-            settled = settle_group(
-                item["group_id"],
-                [sibling],
-                failed_rollouts="drop",
-                fill_reward=0.0,
-                min_group_size=1,
-                counts=Counter(),
-            )
-            kept += settled or []
-    return build_rows(kept, config).rows
-
-
 @pytest.mark.parametrize("level", ["trajectory", "transition"])
 def test_the_parquet_rows_read_back_with_pyarrow_to_the_rows_the_trainer_builds(
     run_export: RunExport, ledger: Ledger, tmp_path: Path, level: Level
 ) -> None:
     out = str(tmp_path / "rows.parquet")
     run_export(what="rows", format="parquet", out=out, level=level, max_prompt_len=256, max_response_len=256)
-    table = pq.read_table(out)
-    assert table.schema.field("prompt_ids").type == pa.list_(pa.int32())
-    assert table.schema.field("logprobs").type == pa.list_(pa.float32())
-    records = table.to_pylist()
-    expected = trainer_rows(ledger, TrajectoryConfig(level=level, max_prompt_len=256, max_response_len=256))
-    assert len(records) == len(expected) >= len({r["rollout_id"] for r in records}) == len(LEDGER) - 1
-    if level == "transition":  # a row per call, not per rollout
-        assert len(records) == sum(r.turns for r in LEDGER if r.state == "succeeded")
-    p = expected.prompt_len
-    for i, record in enumerate(records):
-        prompt, response = record["prompt_ids"], record["response_ids"]
-        ids = np.zeros(p + 256, dtype=np.int64)  # pad id 0, as the trainer's default
-        ids[p - len(prompt) : p] = prompt
-        ids[p : p + len(response)] = response
-        mask = np.zeros(256, dtype=np.int8)
-        mask[: len(response)] = record["response_mask"]
-        logprobs = np.zeros(256, dtype=np.float32)
-        logprobs[: len(response)] = record["logprobs"]
-        assert (record["rollout_id"], record["group_id"]) == (expected.rollout_ids[i], expected.data_ids[i])
-        np.testing.assert_array_equal(ids, expected.input_ids[i])
-        np.testing.assert_array_equal(mask, expected.response_mask[i])
-        np.testing.assert_array_equal(logprobs, expected.old_logprobs[i])
-        assert record["logprobs_valid"] == bool(expected.logprobs_valid[i])
-        assert record["reward"] == pytest.approx(float(expected.rewards[i]))
-        assert (record["first_call"], record["n_calls"]) == (expected.first_call[i], expected.n_calls[i])
+    assert_trainer_rows(out, ledger, level)
 
 
 def test_rows_follow_the_trainers_failure_and_reward_policy(run_export: RunExport) -> None:
