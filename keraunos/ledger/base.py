@@ -45,8 +45,8 @@ class NewRollout:
     Its wire model is built only when asked for (`rollout`), and `plain` gives the model's plain
     shape without building it: a 100-item `POST /api/rollouts` spent ~0.7 ms of its ~2 ms in-process
     building and serialising 500 pydantic models whose every value it had already
-    (benchmarks/results/2026-12-02/enqueue.md). `config` and `metadata` are the item's (or the
-    defaults') python-mode dumps, shared: never change them.
+    (benchmarks/results/2026-12-01/agl-rows.md, pairs i and j). `config` and `metadata` are the
+    item's (or the defaults') python-mode dumps, shared: never change them.
     """
 
     rollout_id: str
