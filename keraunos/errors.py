@@ -46,6 +46,7 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
     ├── PolicyLoadError       training.backends.torch.policy: the policy cannot be loaded
     ├── DemoError             demo.command: the demo cannot run as asked
     ├── ExportError           export.source: the gateway could not be read for an export, or refused a read
+    ├── ChatCallError         chat_model: a chat model keraunos asks gave no usable answer (wrapped by the two below)
     ├── ProposerError         optimize.proposer: the optimizer model failed after its retries, or refused a request
     ├── OptimizeGatewayError  optimize.gateway: the gateway refused or failed a call the optimiser needs
     ├── JudgeCallError        rereward.judge: the judge model failed after its retries, or refused a request

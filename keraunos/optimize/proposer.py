@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import httpx
 import orjson
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from keraunos.chat_model import ChatCallError, ChatModel, post_chat, reply_of
 from keraunos.controller.client import GatewayError, GatewayUnreachable
 from keraunos.errors import KeraunosError
 from keraunos.optimize import prompts
@@ -38,8 +38,6 @@ log = structlog.get_logger("keraunos.optimize.proposer")
 CALL_ACTION = "optimize.call"
 #: Most audit entries one `GET /api/audit` page holds (the gateway's limit).
 _AUDIT_PAGE = 1000
-#: Statuses worth another try: the model server is overloaded or failing, not refusing the request.
-_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class ProposerError(KeraunosError):
@@ -52,35 +50,9 @@ class ProposerError(KeraunosError):
         self.model = model
 
 
-class OptimizerModel(BaseModel):
-    """Where the optimizer model is and how it is asked (the `optimizer:` section of an optimize config)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: str = Field(description="OpenAI-compatible API root, ending in /v1 (http://127.0.0.1:8001/v1).")
-    model: str = Field(min_length=1, description="Model name sent in each request.")
-    api_key: str | None = Field(default=None, repr=False, description="Sent as Authorization: Bearer KEY.")
-    temperature: float = Field(default=0.7, ge=0.0, le=2.0, description="Sampling temperature of each call.")
-    max_tokens: int = Field(default=1024, ge=1, description="Most tokens of one reply.")
-    timeout_s: float = Field(default=120.0, gt=0, description="Seconds one try of a call may take.")
-    retries: int = Field(
-        default=3, ge=0, le=10, description="Further tries after a transport error, 408, 429 or 5xx."
-    )
-    backoff_s: float = Field(
-        default=1.0, ge=0, description="Wait before the first retry; doubled before each next one."
-    )
-
-    @field_validator("base_url")
-    @classmethod
-    def _api_root(cls, value: str) -> str:
-        url = value.rstrip("/")
-        if not url.startswith(("http://", "https://")) or not url.endswith("/v1"):
-            raise ValueError(f"must be an http(s) URL ending in /v1 (the OpenAI API root), got {value!r}")
-        return url
-
-    def sampling(self) -> dict[str, Any]:
-        """The sampling fields of every request (part of its key)."""
-        return {"temperature": self.temperature, "max_tokens": self.max_tokens}
+class OptimizerModel(ChatModel):
+    """Where the optimizer model is and how it is asked (the `optimizer:` section of an optimize
+    config); `sampling()` is part of every request's key."""
 
 
 class CallLog(Protocol):
@@ -135,10 +107,8 @@ class ModelProposer:
         self._answers = dict(answers or {})
         self._recorded = set(self._answers)
         self._locks: dict[str, asyncio.Lock] = {}
-        headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
         self._own_client = client is None
-        self._http = client or httpx.AsyncClient(headers=headers, timeout=model.timeout_s)
-        self._headers = headers
+        self._http = client or httpx.AsyncClient(timeout=model.timeout_s)
 
     async def __aenter__(self) -> ModelProposer:
         return self
@@ -201,7 +171,7 @@ class ModelProposer:
             started = time.monotonic()
             answer = await self._post(operator, body)
             latency_ms = round((time.monotonic() - started) * 1000, 1)
-            reply, usage = _reply_of(answer)
+            reply, usage = reply_of(answer)
             self.usage.calls += 1
             self.usage.prompt_tokens += usage["prompt_tokens"]
             self.usage.completion_tokens += usage["completion_tokens"]
@@ -223,64 +193,16 @@ class ModelProposer:
             return reply
 
     async def _post(self, operator: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST `body` to chat/completions, retrying transport errors, 408, 429 and 5xx with
-        doubling waits; `ProposerError` when every try failed or the model refused the request."""
-        url = f"{self.model.base_url}/chat/completions"
-        wait = self.model.backoff_s
-        problem = ""
-        for attempt in range(self.model.retries + 1):
-            if attempt:
-                log.warning("optimizer call retried", operator=operator, attempt=attempt, problem=problem)
-                await asyncio.sleep(wait)
-                wait *= 2
-            try:
-                response = await self._http.post(url, json=body, headers=self._headers)
-            except httpx.TransportError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code in _RETRY_STATUSES:
-                problem = f"HTTP {response.status_code}: {response.text[:200]}"
-                continue
-            if response.status_code != 200:
-                raise ProposerError(
-                    f"refused the request: HTTP {response.status_code}: {response.text[:300]}",
-                    operator=operator,
-                    model=self.model.model,
-                )
-            try:
-                answer = response.json()
-            except ValueError:
-                answer = None
-            if not isinstance(answer, dict):
-                raise ProposerError(
-                    f"answered 200 with a body that is not a JSON object: {response.text[:200]!r}",
-                    operator=operator,
-                    model=self.model.model,
-                )
-            return answer
-        raise ProposerError(
-            f"no answer after {self.model.retries + 1} tries at {url}; last: {problem}",
-            operator=operator,
-            model=self.model.model,
-        )
+        """POST `body` to chat/completions (`keraunos.chat_model.post_chat`: retries, doubling
+        waits); `ProposerError` when every try failed or the model refused the request."""
 
+        def retried(attempt: int, problem: str) -> None:
+            log.warning("optimizer call retried", operator=operator, attempt=attempt, problem=problem)
 
-def _reply_of(answer: dict[str, Any]) -> tuple[str, dict[str, int]]:
-    """The first choice's text ('' when there is none) and the token usage (0 when unreported)."""
-    reply = ""
-    choices = answer.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        message = choices[0].get("message")
-        content = message.get("content") if isinstance(message, dict) else None
-        reply = content if isinstance(content, str) else ""
-    usage = answer.get("usage")
-    if not isinstance(usage, dict):
-        usage = {}
-    counts = {
-        name: value if isinstance(value := usage.get(name), int) and not isinstance(value, bool) else 0
-        for name in ("prompt_tokens", "completion_tokens")
-    }
-    return reply, counts
+        try:
+            return await post_chat(self._http, self.model, body, on_retry=retried)
+        except ChatCallError as exc:
+            raise ProposerError(str(exc), operator=operator, model=self.model.model) from None
 
 
 # -- the gateway's audit log as the call record ------------------------------------------------------
