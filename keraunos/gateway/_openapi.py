@@ -14,6 +14,7 @@ from pydantic.json_schema import models_json_schema
 
 from keraunos.gateway.api.audit import AuditAppend
 from keraunos.gateway.api.releases import DecisionPost, ReleaseClaim, ReleaseCommandBody, ReleaseStart
+from keraunos.gateway.api.retention import ConsumedPost, PurgeRequest
 from keraunos.protocol import (
     ClaimRequest,
     EventCreate,
@@ -41,6 +42,8 @@ REQUEST_MODELS = (
     DecisionPost,
     ReleaseCommandBody,
     AuditAppend,
+    ConsumedPost,
+    PurgeRequest,
 )
 
 _ERROR_SCHEMA = {

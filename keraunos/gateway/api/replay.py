@@ -45,7 +45,10 @@ _ROLLOUT = TypeAdapter(Rollout)
     status_code=201,
     summary="Create a rollout that replays a finished one from its record (no model needed)",
     response_model=None,
-    responses={201: {"model": Rollout, "description": "The replay rollout, queued."}},
+    responses={
+        201: {"model": Rollout, "description": "The replay rollout, queued."},
+        409: {"description": "The source has not ended yet: its record is not complete."},
+    },
     openapi_extra={
         "requestBody": {
             "required": False,

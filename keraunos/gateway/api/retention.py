@@ -16,16 +16,23 @@ from typing import Annotated
 
 import structlog
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 from starlette.exceptions import HTTPException
 
 from keraunos.gateway._auth import ANONYMOUS_ACTOR, ROLE_SCOPE_KEY, SERVER_KEY_ACTOR, actor_of
-from keraunos.gateway.api._common import RolloutIdPath, json_response, ledger_of
+from keraunos.gateway.api._common import (
+    LeanRoute,
+    RolloutIdPath,
+    json_body_doc,
+    json_response,
+    ledger_of,
+    read_body,
+)
 from keraunos.ledger.base import RetentionMarks
 from keraunos.protocol import ID_MAX_LENGTH, ID_PATTERN
 from keraunos.retention.policy import PurgeReport, RetentionPolicy
 
-router = APIRouter(prefix="/api", tags=["retention"])
+router = APIRouter(prefix="/api", tags=["retention"], route_class=LeanRoute)
 
 log = structlog.get_logger(__name__)
 
@@ -76,13 +83,21 @@ class PurgeRequest(BaseModel):
     force: bool = Field(default=False, description="Delete protected rollouts too (server or admin key).")
 
 
+_CONSUMED_BODY = TypeAdapter(ConsumedPost)
+_PURGE_BODY = TypeAdapter(PurgeRequest)
+_NOT_FOUND = {404: {"description": "No rollout has this id."}}
+
+
 @router.post(
     "/rollouts/consumed",
     summary="Mark rollouts as consumed by a trainer (they stop awaiting training)",
-    response_model=ConsumedAnswer,
+    response_model=None,
+    responses={200: {"model": ConsumedAnswer, "description": "What the marks did."}},
+    openapi_extra=json_body_doc("ConsumedPost"),
 )
-async def mark_consumed(request: Request, body: ConsumedPost) -> Response:
+async def mark_consumed(request: Request) -> Response:
     """Mark each rollout consumed by `consumer` now, unless a trainer marked it before."""
+    body = await read_body(request, _CONSUMED_BODY)
     marks = await ledger_of(request).mark_consumed(body.rollout_ids, body.consumer, time.time())
     answer = ConsumedAnswer(marked=marks.marked, already=marks.already, unknown=list(marks.unknown))
     return json_response(answer.model_dump_json().encode())
@@ -91,7 +106,8 @@ async def mark_consumed(request: Request, body: ConsumedPost) -> Response:
 @router.put(
     "/rollouts/{rollout_id}/pin",
     summary="Pin a rollout: no purge deletes it unless forced",
-    response_model=RolloutMarks,
+    response_model=None,
+    responses={200: {"model": RolloutMarks, "description": "The rollout's marks."}, **_NOT_FOUND},
 )
 async def pin(request: Request, rollout_id: RolloutIdPath) -> Response:
     """Pin the rollout (a pinned one keeps its first `pinned_at`); 404 if unknown."""
@@ -102,7 +118,8 @@ async def pin(request: Request, rollout_id: RolloutIdPath) -> Response:
 @router.delete(
     "/rollouts/{rollout_id}/pin",
     summary="Unpin a rollout",
-    response_model=RolloutMarks,
+    response_model=None,
+    responses={200: {"model": RolloutMarks, "description": "The rollout's marks."}, **_NOT_FOUND},
 )
 async def unpin(request: Request, rollout_id: RolloutIdPath) -> Response:
     """Unpin the rollout (fine if it was not pinned); 404 if unknown."""
@@ -113,12 +130,17 @@ async def unpin(request: Request, rollout_id: RolloutIdPath) -> Response:
 @router.post(
     "/retention/purge",
     summary="Delete the terminal rollouts a retention policy takes, except protected ones unless forced",
-    response_model=PurgeReport,
-    responses={403: {"description": "`force` without the server key or an admin key."}},
+    response_model=None,
+    responses={
+        200: {"model": PurgeReport, "description": "What was (or, dry run, would be) deleted and kept."},
+        403: {"description": "`force` without the server key or an admin key."},
+    },
+    openapi_extra=json_body_doc("PurgeRequest"),
 )
-async def purge(request: Request, body: PurgeRequest) -> Response:
+async def purge(request: Request) -> Response:
     """Run (or, `dry_run`, only decide) the purge; the report: counts by protection, the digest of
     the deleted ids, the ledger's size before and after, the first rollouts one by one."""
+    body = await read_body(request, _PURGE_BODY)
     actor = actor_of(request.scope)
     if body.force and not _may_force(request, actor):
         raise HTTPException(
