@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import ConfigError, LayeredSettings
+from keraunos.hooks import checked_hook_path
 
 __all__ = ["ConfigError", "ControllerConfig"]
 
@@ -137,6 +138,26 @@ class ControllerConfig(LayeredSettings):
         "credentials); by default it needs --key, as Authorization: Bearer KEY or x-api-key, like the "
         "gateway's.",
     )
+    hook_on_start: str = Field(
+        default="",
+        description="Python callable ('module:function' or 'module.function', importable from "
+        "PYTHONPATH) called with a HookPayload when an attempt's agent has started "
+        "(docs/multi-agent.md#lifecycle-hooks). Empty: none.",
+    )
+    hook_on_success: str = Field(
+        default="",
+        description="Callable called when an attempt has succeeded and been reported. Empty: none.",
+    )
+    hook_on_failure: str = Field(
+        default="",
+        description="Callable called when an attempt has failed, timed out or been lost and been "
+        "reported (the gateway may retry the rollout). Empty: none.",
+    )
+    hook_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        description="Seconds a hook call may take; past it the call is logged and abandoned.",
+    )
     k8s_job_template: str = Field(
         default="",
         description="k8s runner: Jinja2 template of one Job (variables job_name and input, filter "
@@ -228,6 +249,11 @@ class ControllerConfig(LayeredSettings):
         if value and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
+
+    @field_validator("hook_on_start", "hook_on_success", "hook_on_failure")
+    @classmethod
+    def _hook_loads(cls, value: str) -> str:
+        return checked_hook_path(value)
 
     @field_validator("command")
     @classmethod

@@ -34,6 +34,7 @@ from keraunos.controller.runners.warm import WarmPool, warm_environment
 from keraunos.controller.v1 import ListAndPatchSource
 from keraunos.controller.work import Assignment, WorkSource
 from keraunos.errors import KeraunosError
+from keraunos.hooks import Hooks
 
 if TYPE_CHECKING:
     from keraunos.controller.runners._k8s_api import KubeApi
@@ -174,6 +175,19 @@ def _serve_metrics(config: ControllerConfig, metrics: ControllerMetrics) -> Metr
     return server
 
 
+def controller_hooks(config: ControllerConfig) -> Hooks:
+    """The lifecycle hooks the configuration names (checked loadable when it was read)."""
+    return Hooks.load(
+        {
+            "on_start": config.hook_on_start,
+            "on_success": config.hook_on_success,
+            "on_failure": config.hook_on_failure,
+        },
+        where="controller",
+        timeout_s=config.hook_timeout_s,
+    )
+
+
 def _loop_settings(config: ControllerConfig, pool_size: int) -> LoopSettings:
     return LoopSettings(
         pool_size=pool_size, poll_interval_s=config.poll_interval_s, report_retry_s=config.lease_s
@@ -211,7 +225,11 @@ async def _run_local(
         )
 
     reconciler = Reconciler(
-        source, LocalAgents(runner, plan), _loop_settings(config, config.pool_size), metrics=metrics
+        source,
+        LocalAgents(runner, plan),
+        _loop_settings(config, config.pool_size),
+        metrics=metrics,
+        hooks=controller_hooks(config),
     )
     log.info(
         "controller started",
@@ -257,7 +275,11 @@ async def _run_k8s(
         raise StartupError(f"cannot list the Jobs in namespace '{kube.namespace}': {exc}") from None
     try:
         reconciler = Reconciler(
-            source, runner, _loop_settings(config, config.k8s_max_concurrent_jobs), metrics=metrics
+            source,
+            runner,
+            _loop_settings(config, config.k8s_max_concurrent_jobs),
+            metrics=metrics,
+            hooks=controller_hooks(config),
         )
         log.info(
             "controller started",

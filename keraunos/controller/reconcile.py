@@ -21,6 +21,11 @@ with the exception as its reason, is logged with its traceback and counted
 renewing leases or reporting is logged, counted and retried at the next tick. Every attempt taken
 is reported or left recorded for a restarted controller, so none stays `running` on the gateway
 beyond its lease without an agent behind it.
+
+The user's lifecycle hooks (`keraunos.hooks`) are fired, never awaited, when an agent has started
+(`on_start`) and when its attempt has been reported (`on_success`, `on_failure`); a hook that
+fails or hangs is logged and costs the loop nothing, and stopping waits for the last calls at most
+their timeout.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from keraunos.controller.metrics import ControllerMetrics
 from keraunos.controller.runners._state import AgentRecord
 from keraunos.controller.runners.local import LocalAgent, LocalRunner, read_log_tail
 from keraunos.controller.work import Assignment, Ending, WorkSource, ending_of
+from keraunos.hooks import Hooks
 
 log = structlog.get_logger("keraunos.controller")
 
@@ -191,11 +197,13 @@ class Reconciler:
         settings: LoopSettings,
         *,
         metrics: ControllerMetrics | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.source = source
         self.runner = runner
         self.settings = settings
         self.metrics = metrics or ControllerMetrics()
+        self.hooks = hooks if hooks is not None else Hooks("controller")
         self.metrics.watch(lambda: len(self._held), lambda: len(self._live), settings.pool_size)
         self._live: dict[tuple[str, str], RunningAgent] = {}
         # Taken and not yet reported: their leases are renewed while agents start, run and report.
@@ -239,6 +247,7 @@ class Reconciler:
                 renewer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await renewer
+                await self.hooks.drain()  # each call ends or is abandoned within its timeout
 
     async def _take(self, count: int) -> int:
         try:
@@ -273,6 +282,7 @@ class Reconciler:
             return
         self.metrics.started += 1
         self._live[(rollout_id, attempt_id)] = agent
+        self.hooks.fire("on_start", assignment.rollout, attempt_id=attempt_id, state="running")
         self._spawn(self._supervise(agent))
 
     def _unexpected(self, stage: str, exc: BaseException, **ids: str) -> None:
@@ -326,7 +336,8 @@ class Reconciler:
         await self._report_and_forget(agent.record, ending)
 
     async def _report_and_forget(self, record: AgentRecord, ending: Ending) -> None:
-        """Report the ending, retrying while the gateway is unreachable or failing, then drop the record."""
+        """Report the ending, retrying while the gateway is unreachable or failing, then drop the
+        record; then the attempt's `on_success` / `on_failure` hook, reported or not (it ended here)."""
         try:
             if await self._report(record, ending):
                 self.metrics.ending(ending.outcome)
@@ -334,7 +345,10 @@ class Reconciler:
             else:
                 self.metrics.reports_abandoned += 1
         finally:
-            self._held.pop((record.rollout_id, record.attempt_id), None)
+            held = self._held.pop((record.rollout_id, record.attempt_id), None)
+            point = "on_success" if ending.outcome == "succeeded" else "on_failure"
+            rollout = held.rollout if held is not None else {"rollout_id": record.rollout_id}
+            self.hooks.fire(point, rollout, attempt_id=record.attempt_id, state=ending.outcome)
 
     async def _report(self, record: AgentRecord, ending: Ending) -> bool:
         deadline = time.monotonic() + self.settings.report_retry_s
