@@ -23,7 +23,8 @@ KeraunosError                 catch it to handle any keraunos failure; the CLI p
 │   ├── DatasetError          optimize.run: a dataset file that cannot be read as instances
 │   ├── ScorerLoadError       rereward.scorers: a reward function 'module:function' that cannot be loaded
 │   ├── UnknownRollouts       rereward.run: rollout ids to re-reward that the gateway does not have
-│   └── OnlineStateError      optimize.online: a run directory of another online run or window length
+│   ├── OnlineStateError      optimize.online: a run directory of another online run or window length
+│   └── OtlpBodyError         gateway._otlp: an OTLP trace export that does not decode (400) or inflates too far (413)
 └── (runtime failures)        something failed while running; exit status 1, HTTP 5xx or 503
     ├── LedgerError           ledger.errors: LedgerLocked, LedgerUnavailable, RolloutNotFound,
     │                         InvalidTransition, AttemptNotFound, AttemptConflict,

@@ -2,7 +2,8 @@
 
 `EventClient` (sync) and `AsyncEventClient` share everything but the transport: the body is built
 by `reward_data`, the verdict on an answer by `_verdict`, and the waits by `keraunos.agent._retry`.
-The module-level `emit_*` functions build a client from the environment for one post.
+The module-level `emit_*` functions build a client from the environment for one post. A stored
+event is mirrored into OpenTelemetry when the agent uses it (`_otel`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from keraunos.agent import _otel
 from keraunos.agent._env import AgentEnv
 from keraunos.agent._errors import EventRejectedError
 from keraunos.agent._retry import RetryPolicy, is_retryable, retry_delay
@@ -122,6 +124,7 @@ class EventClient:
                 answer = exc
             stored, delay = _verdict(self.env, self.retry, event_type, answer, tries)
             if stored is not None:
+                _otel.record(event_type, body["data"], self.env.rollout_id, self.env.attempt_id)
                 return stored
             time.sleep(delay)
         raise AssertionError("unreachable: the last try returns or raises")
@@ -169,6 +172,7 @@ class AsyncEventClient:
                 answer = exc
             stored, delay = _verdict(self.env, self.retry, event_type, answer, tries)
             if stored is not None:
+                _otel.record(event_type, body["data"], self.env.rollout_id, self.env.attempt_id)
                 return stored
             await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last try returns or raises")

@@ -85,7 +85,11 @@ def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
 
 def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
     """Whether a token with `claims` may call `method path`: its attempt's proxy paths, its events
-    POST, and a GET of its rollout's resources (how an agent reads the versions it was assigned)."""
+    POST, a GET of its rollout's resources (how an agent reads the versions it was assigned), and
+    `POST /v1/traces`, whose spans go to its attempt only."""
+    if path == "/v1/traces":
+        # OTLP spans: the route attaches them to the token's attempt only (api/traces.py).
+        return method == "POST"
     parts = path.split("/")
     # GET /api/rollouts/{r}/resources
     if len(parts) == 5 and parts[1] == "api" and parts[2] == "rollouts" and parts[4] == "resources":

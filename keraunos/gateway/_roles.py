@@ -1,7 +1,8 @@
 """What each role of a scoped key may call (docs/protocol.md#scoped-keys): one table, one pure check.
 
 A scoped key (`--keys-file`) carries a role. The roles nest where the work does: a `reader` only
-looks; a `controller` also runs attempts (claims, heartbeats, events, logs, the proxy); a `trainer`
+looks; a `controller` also runs attempts (claims, heartbeats, events, logs, the proxy, OTLP spans
+at `/v1/traces`); a `trainer`
 also creates and deletes rollouts, registers endpoints, pauses the proxy, pushes resources, moves
 labels that are not protected, starts and aborts releases, appends its own actions to the
 audit log (`POST /api/audit`, client namespaces only: an optimizer's model calls), marks rollouts
@@ -62,6 +63,7 @@ _CONTROLLER = (
     Grant(frozenset({"POST"}), f"{_ATTEMPT}/token"),
     Grant(frozenset({"PATCH"}), "/api/rollouts/*"),
     Grant(_ANY, "/proxy/rollout/**"),
+    Grant(frozenset({"POST"}), "/v1/traces"),
 )
 _LABELS = "/api/resources/*/labels/*"
 _TRAINER = (

@@ -42,6 +42,7 @@ from keraunos.gateway.api import (
     retention,
     rollouts,
     tokens,
+    traces,
 )
 from keraunos.gateway.config import GatewayConfig
 from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
@@ -137,6 +138,7 @@ def create_app(
         audit.router,
         releases.router,
         retention.router,
+        traces.router,
     )
     for router in routers:
         app.include_router(router)
@@ -170,6 +172,7 @@ def create_app(
     app.add_middleware(FastLane, routers=routers, exception_handlers=app.exception_handlers)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     auth = bool(config.key) or keys is not None
+    app.state.auth = auth  # /v1/traces reads a token itself when the auth layer is off
     if auth:
         app.add_middleware(
             ServerKeyAuth,

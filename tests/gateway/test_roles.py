@@ -34,6 +34,8 @@ CALLS: list[tuple[str, str, frozenset[str]]] = [
     ("PUT", f"{A}/logs", frozenset({"controller", "trainer"})),
     ("POST", f"{A}/events", frozenset({"controller", "trainer"})),
     ("POST", f"{A}/token", frozenset({"controller", "trainer"})),
+    ("POST", "/v1/traces", frozenset({"controller", "trainer"})),
+    ("GET", "/v1/traces", frozenset()),
     ("PATCH", R, frozenset({"controller", "trainer"})),
     ("POST", PROXY, frozenset({"controller", "trainer"})),
     ("GET", "/proxy/rollout/r1/attempt/2/mode/val/openai/v1/models", frozenset({"controller", "trainer"})),

@@ -37,6 +37,8 @@ FEATURES: tuple[str, ...] = (
     "retention",  # POST /api/rollouts/consumed, PUT/DELETE /api/rollouts/{id}/pin, POST /api/retention/purge
     "replay",  # POST /api/rollouts/{id}/replay: the proxy answers a replay's calls from the record
     "redaction",  # --redaction-policy: calls, agent events and logs redacted before commit
+    "agent-ids",  # .../mode/{m}/agent/{id}/openai/v1 or X-Keraunos-Agent-Id; ?agent_id=; /agents
+    "otlp-traces",  # POST /v1/traces: OTLP/HTTP spans stored as span events of their rollouts
 )
 
 
