@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,11 +49,29 @@ class Triplet:
 
 
 @dataclass(frozen=True, slots=True)
+class PositionedReward:
+    """A reward posted during a rollout, with the call it follows.
+
+    `after_call` is the index (into the rollout's triplets) of the last call recorded before the
+    reward, 0 for a reward posted before any call: credit assignment gives it to that call and the
+    ones before it (`keraunos.training.credit`). `agent_id` and `turn` are the event's
+    `data.agent_id` and `data.turn`, kept as given (None when absent).
+    """
+
+    value: float
+    after_call: int
+    agent_id: Any = None
+    turn: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class CompletedRollout:
     """A terminal rollout as training sees it: its calls in order and its final reward.
 
     `reward` is the value training uses (the last reward event, or the configured fill value when
-    the collector's policy says so); `group_id` groups the siblings of one dataset row.
+    the collector's policy says so); `group_id` groups the siblings of one dataset row. `rewards`
+    are the rewards posted during it, in order, with their positions; empty when `reward` was
+    filled in (a failed rollout trained, or none posted).
     """
 
     rollout_id: str
@@ -60,6 +79,7 @@ class CompletedRollout:
     triplets: list[Triplet]
     reward: float
     succeeded: bool = True
+    rewards: tuple[PositionedReward, ...] = ()
 
     @property
     def model_versions(self) -> list[int]:

@@ -1,7 +1,8 @@
 """What a finished group yields for training: the failure and reward policies, made explicit (pure).
 
 A sibling yields rows when it has at least one successful call and:
-- it succeeded: its reward is the last reward event, or `fill_reward` when it posted none (counted
+- it succeeded: its reward is the last reward event (every reward event, with its position, rides
+  along in `CompletedRollout.rewards` for credit assignment), or `fill_reward` when it posted none (counted
   as `missing_reward_rollouts` — a silent zero reward is a known trap);
 - it failed: only under `failed_rollouts="fill"` (Agent Lightning v1.0's behaviour), with
   `fill_reward` whatever it posted; under `"drop"` (the default) it yields nothing;
@@ -65,6 +66,9 @@ def settle_group(
             counts["empty_rollouts"] += 1
             continue
         reward = sibling.read.reward
+        posted = sibling.read.rewards
+        if not succeeded or reward is None:
+            posted = ()  # a filled reward: what the rollout posted does not train
         if not succeeded:
             counts["failed_rollouts_filled"] += 1
             reward = fill_reward
@@ -83,6 +87,7 @@ def settle_group(
                 triplets=sibling.read.triplets,
                 reward=reward,
                 succeeded=succeeded,
+                rewards=posted,
             )
         )
     if len(kept) < min_group_size:

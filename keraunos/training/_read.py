@@ -7,8 +7,10 @@ with the unreadable ones); the other samples of a call's prompt (the
 as `alternatives`, for the row builder to choose the one the agent went on with. The reward is the
 value of the last `reward` event that has a finite number; given a `reward_version`, it is the value
 of the last `reward_version` event of that version instead (`keraunos rereward`,
-docs/lifecycle.md#re-reward), and a rollout without one has no reward. Delta prompts (`{"prefix_of",
-"prefix_len", "suffix"}`, see `keraunos.ledger.codec._triplet_delta`) are resolved against the earlier
+docs/lifecycle.md#re-reward), and a rollout without one has no reward. Every such reward is also
+kept with its position (`ReadResult.rewards`: the index of the triplet it follows, 0 before any),
+for credit assignment over intermediate rewards (docs/multi-agent.md#intermediate-rewards). Delta
+prompts (`{"prefix_of", "prefix_len", "suffix"}`, see `keraunos.ledger.codec._triplet_delta`) are resolved against the earlier
 events of the same list, into one id buffer per chain (`keraunos.prefix`): a call that continues
 its source call exactly adds only its suffix and response, and its prompt is a view. A triplet
 built that way on the triplet before it says so (`Triplet.extends_previous`), and the row builder
@@ -18,6 +20,7 @@ trusts the flag instead of comparing ids.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +30,7 @@ import orjson
 from keraunos import prefix
 from keraunos.errors import KeraunosError
 from keraunos.protocol import MODEL_REQUEST
-from keraunos.training._data import Sample, Triplet
+from keraunos.training._data import PositionedReward, Sample, Triplet
 
 REWARD = "reward"
 REWARD_VERSION = "reward_version"
@@ -48,6 +51,8 @@ class ReadResult:
     unreadable_choices: int = 0
     #: Of `unreadable_calls`, those a redaction policy made untrainable (`redaction.untrainable`).
     redacted_calls: int = 0
+    #: Every finite reward read, in order, each with the triplet it follows (`reward` is the last).
+    rewards: tuple[PositionedReward, ...] = ()
 
 
 def read_events_json(raw: bytes, *, reward_version: str | None = None) -> ReadResult:
@@ -77,6 +82,7 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
     calls: dict[int, _Call] = {}
     earlier: dict[int, list[Sample]] = {}  # event index -> samples of the calls it replaced
     reward: float | None = None
+    posted: list[tuple[int, float, dict[str, Any]]] = []  # (event index, value, data) of each reward
     failed = unreadable = unreadable_choices = redacted = 0
     for index, event in enumerate(events):
         if not isinstance(event, dict):
@@ -91,6 +97,7 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
             value = data.get("value")
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                 reward = float(value)
+                posted.append((index, reward, data))
             continue
         if kind != MODEL_REQUEST:
             continue
@@ -129,6 +136,7 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
             call.keep = True
             call.untrained = masked
     triplets = []
+    placed: list[int] = []  # event index of each triplet, ascending
     last_kept: int | None = None  # event index of the previous triplet, when its first sample is its own
     for index, call in calls.items():
         samples = earlier.get(index, [])
@@ -160,8 +168,18 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
                 untrained=untrained,
             )
         )
+        placed.append(index)
         last_kept = index if call.keep else None
-    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices, redacted)
+    rewards = tuple(
+        PositionedReward(
+            value,
+            max(bisect_left(placed, at) - 1, 0),
+            agent_id=data.get("agent_id"),
+            turn=data.get("turn"),
+        )
+        for at, value, data in posted
+    )
+    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices, redacted, rewards)
 
 
 def _choice_samples(data: dict[str, Any]) -> tuple[list[Sample], int]:

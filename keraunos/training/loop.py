@@ -3,7 +3,8 @@
 One step (`TrainingLoop.step`):
 
 1. collect a batch of complete rollout groups (`RolloutCollector.collect`);
-2. build training rows (`build_rows`) and one advantage per rollout (`rollout_advantages`);
+2. build training rows (`build_rows`) and one advantage per rollout (`rollout_advantages`), or,
+   with `credit` other than `final`, one per call put on that call's ids (`keraunos.training.credit`);
 3. pause the gateway and wait for the model calls in flight (`pause_and_drain`);
 4. one policy update (`Trainer.update`);
 5. publish the new weights to the serving side (`Trainer.publish`: the version goes up by one);
@@ -40,8 +41,10 @@ import structlog
 
 from keraunos._metrics_http import MetricsServerError
 from keraunos.errors import KeraunosError
+from keraunos.training._data import CompletedRollout
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages
 from keraunos.training.collect import CollectedBatch, RolloutCollector
+from keraunos.training.credit import call_advantages, call_token_advantages
 from keraunos.training.dataset import endless_rows, read_dataset
 from keraunos.training.errors import TrainError
 from keraunos.training.metrics import TrainerMetrics, serve_trainer_metrics
@@ -115,9 +118,7 @@ class TrainingLoop:
         if rollouts:
             # The fewest model calls of one rollout (a multi-turn agent's promise, checked per rollout).
             rows_metrics["min_calls_per_rollout"] = float(min(len(r.triplets) for r in rollouts))
-        adv = rollout_advantages(
-            [r.reward for r in rollouts], [r.group_id for r in rollouts], self.advantage_config
-        )
+        advantages, advantage_metrics = self._advantages(rollouts, built.rows)
         timings["rows"] = time.perf_counter() - t0
 
         train: dict[str, float] = {}
@@ -125,7 +126,7 @@ class TrainingLoop:
         if len(built.rows) == 0:
             log.warning("no training rows this step; the weights stay as they are", step=step)
         else:
-            train, update_timings, publish = await self._update(built.rows, adv.advantages)
+            train, update_timings, publish = await self._update(built.rows, advantages)
             timings.update(update_timings)
         timings["step"] = time.perf_counter() - started
         record = step_metrics(
@@ -133,7 +134,7 @@ class TrainingLoop:
             self.trainer.version,
             collect=batch.metrics,
             rows=rows_metrics,
-            advantages=adv.metrics,
+            advantages=advantage_metrics,
             train=train,
             timings=timings,
         )
@@ -144,6 +145,24 @@ class TrainingLoop:
             await self._mark_consumed(step, [r.rollout_id for r in rollouts])
         self._steps_done += 1
         return record
+
+    def _advantages(
+        self, rollouts: list[CompletedRollout], rows: Rows
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """One advantage per rollout (`credit: final`), or (N, R) per-token advantages from
+        per-call ones (docs/multi-agent.md#intermediate-rewards); and their metrics."""
+        if self.config.credit == "final":
+            adv = rollout_advantages(
+                [r.reward for r in rollouts], [r.group_id for r in rollouts], self.advantage_config
+            )
+            return adv.advantages, adv.metrics
+        calls = call_advantages(
+            rollouts, self.config.credit, self.advantage_config, gamma=self.config.credit_gamma
+        )
+        per_token = call_token_advantages(
+            calls.per_call, rows.rollout_index, rows.call_index, rows.response_mask
+        )
+        return per_token, calls.metrics
 
     async def _mark_consumed(self, step: int, rollout_ids: list[str]) -> None:
         """Tell the gateway the step's rollouts are trained on, so a retention purge may delete them

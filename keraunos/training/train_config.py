@@ -19,6 +19,7 @@ from keraunos.protocol import ID_MAX_LENGTH, ID_RE, ID_RULE
 from keraunos.release.plan_input import StartPlan, release_fields_plan
 from keraunos.training._outcome import FailedPolicy
 from keraunos.training.advantages import Estimator
+from keraunos.training.credit import Credit
 from keraunos.training.trajectories import Level
 
 if TYPE_CHECKING:
@@ -176,6 +177,15 @@ class TrainConfig(LayeredSettings):
     )
     estimator: Estimator = Field(default="grpo", description="grpo | dr_grpo | rloo | reinforce.")
     normalize_std: bool = Field(default=True, description="GRPO: divide by the group std.")
+    credit: Credit = Field(
+        default="final",
+        description="Which reward each call is credited with: final (the rollout's last reward, "
+        "every call alike), return_to_go (the rewards posted after it, discounted by credit_gamma) "
+        "or per_turn (the rewards posted right after it); docs/multi-agent.md#intermediate-rewards.",
+    )
+    credit_gamma: float = Field(
+        default=1.0, ge=0.0, le=1.0, description="return_to_go: the discount per call (1 = none)."
+    )
     level: Level = Field(
         default="trajectory",
         description="trajectory: merge a rollout's turns into rows; transition: a row per call.",

@@ -95,7 +95,8 @@ class Trainer(Protocol):
 
     def update(self, rows: Rows, advantages: np.ndarray) -> dict[str, float]:
         """One policy update on `rows`, with one advantage per rollout (`rows.rollout_index` points
-        into `advantages`); the update's statistics.
+        into `advantages`) or, under a per-call credit, an (N, R) array of per-token advantages
+        (`keraunos.training.credit`); the update's statistics.
 
         A non-zero `update_skipped` statistic means the weights did not change (nothing to publish).
         """

@@ -106,6 +106,9 @@ class Rows:
     the rollout's reward at the row's last response id. `old_logprobs`: (N, R), 0 where masked or
     where `logprobs_valid` (N,) is False. `rewards`, `rollout_index` (into the rollouts given),
     `first_call`, `n_calls`: (N,). `rollout_ids`, `data_ids`: (N,) object arrays of str.
+    `call_index`: (N, R), the index (into its rollout's triplets) of the call whose response holds
+    each response position, -1 on the ids in between and on padding: where per-call advantages land
+    (`keraunos.training.credit`).
     """
 
     input_ids: np.ndarray
@@ -122,6 +125,7 @@ class Rows:
     rollout_ids: np.ndarray
     data_ids: np.ndarray
     prompt_len: int
+    call_index: np.ndarray
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -360,14 +364,18 @@ def _pack(
 ) -> Rows:
     """Lay the drafts out into padded arrays, dropping and cutting as the limits say."""
     p, r = config.max_prompt_len, config.max_response_len
-    kept: list[tuple[int, _Draft, np.ndarray, np.ndarray, np.ndarray | None]] = []
+    kept: list[tuple[int, _Draft, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
     for index, draft in drafts:
         ids = np.concatenate([piece[0] for piece in draft.pieces])
         mask = np.zeros(len(ids), dtype=bool)
+        calls = np.full(len(ids), -1, dtype=np.int64)
         offset = 0
+        call = draft.first_call  # a draft's calls are consecutive, one trainable piece each
         for piece_ids, trainable, _ in draft.pieces:
             if trainable:
                 mask[offset : offset + len(piece_ids)] = True
+                calls[offset : offset + len(piece_ids)] = call
+                call += 1
             offset += len(piece_ids)
         if draft.untrained:
             mask[np.asarray(draft.untrained)] = False
@@ -381,14 +389,14 @@ def _pack(
         if len(ids) > r:
             counts["truncated_rows"] += 1
             counts["truncated_tokens"] += int(mask[r:].sum())
-            ids, mask = ids[:r], mask[:r]
+            ids, mask, calls = ids[:r], mask[:r], calls[:r]
             logprobs = logprobs[:r] if logprobs is not None else None
         if not mask.any():
             counts["no_trainable_rows"] += 1
             continue
         if logprobs is None:
             counts["logprobs_missing_rows"] += 1
-        kept.append((index, draft, ids, mask, logprobs))
+        kept.append((index, draft, ids, mask, logprobs, calls))
 
     n = len(kept)
     input_ids = np.full((n, p + r), config.pad_token_id, dtype=np.int64)
@@ -404,7 +412,8 @@ def _pack(
     position_ids = np.zeros((n, p + r), dtype=np.int64)
     rollout_ids = np.empty(n, dtype=object)
     data_ids = np.empty(n, dtype=object)
-    for row, (index, draft, ids, mask, logprobs) in enumerate(kept):
+    call_index = np.full((n, r), -1, dtype=np.int64)
+    for row, (index, draft, ids, mask, logprobs, calls) in enumerate(kept):
         rollout = rollouts[index]
         n_prompt, n_response = len(draft.prompt), len(ids)
         input_ids[row, p - n_prompt : p] = draft.prompt
@@ -412,6 +421,7 @@ def _pack(
         attention[row, p - n_prompt : p + n_response] = 1
         position_ids[row, p - n_prompt : p + n_response] = np.arange(n_prompt + n_response)
         response_mask[row, :n_response] = mask
+        call_index[row, :n_response] = calls
         token_rewards[row, n_response - 1] = rollout.reward
         if logprobs is not None:
             old_logprobs[row, :n_response] = np.where(mask, logprobs, 0.0)
@@ -437,6 +447,7 @@ def _pack(
         rollout_ids=rollout_ids,
         data_ids=data_ids,
         prompt_len=p,
+        call_index=call_index,
     )
 
 

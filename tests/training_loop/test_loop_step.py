@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import structlog
 
-from keraunos.training._data import CompletedRollout, Triplet
+from keraunos.training._data import CompletedRollout, PositionedReward, Triplet
 from keraunos.training.collect import CollectedBatch, CollectorError, DrainReport, RolloutGroup
 from keraunos.training.loop import TrainError, TrainingLoop
 from keraunos.training.records import MetricsSink
@@ -173,3 +173,30 @@ async def test_a_first_step_whose_rollouts_all_failed_stops_the_run(tmp_path: Pa
     recorder = Recorder(rollouts=[], metrics={"rollouts_created": 4.0, "failed_rollouts": 4.0}, train={})
     with pytest.raises(TrainError, match="all 4 rollouts of step 0 failed or timed out; see LOGS"):
         await make_loop(recorder, tmp_path).step(0, iter([]))
+
+
+async def test_with_return_to_go_credit_the_trainer_gets_each_calls_advantage_on_its_ids(
+    tmp_path: Path,
+) -> None:
+    """Two calls per rollout, merged in one row (call 0, a tool output id, call 1): r0 earned 1
+    after its first call and nothing after its second, r1 nothing at all."""
+    first = Triplet(np.array([1, 2]), np.array([3]), np.array([-1.0], dtype=np.float32), 0)
+    second = Triplet(np.array([1, 2, 3, 9]), np.array([4]), np.array([-1.0], dtype=np.float32), 0)
+    rewarded = (PositionedReward(1.0, 0), PositionedReward(0.0, 1))
+    early = CompletedRollout("r0", "g", [first, second], 0.0, rewards=rewarded)
+    none = CompletedRollout("r1", "g", [first, second], 0.0, rewards=(PositionedReward(0.0, 1),))
+    recorder = Recorder(rollouts=[early, none], metrics=CREATED, train={"update_skipped": 0.0})
+    seen: list[np.ndarray] = []
+    update = recorder.update
+    recorder.update = lambda rows, advantages: seen.append(advantages) or update(rows, advantages)  # type: ignore[method-assign]
+    config = CONFIG.model_copy(update={"credit": "return_to_go", "estimator": "dr_grpo"})
+    loop = TrainingLoop(
+        config,
+        collector=recorder,  # type: ignore[arg-type]
+        trainer=recorder,
+        registry=recorder,  # type: ignore[arg-type]
+        sink=MetricsSink(tmp_path, total_steps=1, progress=False, tensorboard=False),
+    )
+    record = await loop.step(0, iter([]))
+    assert [row[:3].tolist() for row in seen[0]] == [[0.5, 0.0, 0.0], [-0.5, 0.0, 0.0]]
+    assert record["advantage/call_groups"] == 2.0

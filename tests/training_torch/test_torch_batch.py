@@ -9,6 +9,7 @@ import pytest
 
 from keraunos.training._data import CompletedRollout, Triplet
 from keraunos.training.backends.torch.batch import BatchError, TrainBatch
+from keraunos.training.credit import call_token_advantages
 from keraunos.training.trajectories import Rows, TrajectoryConfig, build_rows
 
 
@@ -113,3 +114,16 @@ def test_rows_ordered_by_span_put_similar_lengths_together() -> None:
         ordered.micro_batches(2)[0].trimmed().input_ids.shape[1]
         < batch.micro_batches(2)[0].trimmed().input_ids.shape[1]
     )
+
+
+def test_per_token_advantages_from_per_call_ones_land_on_each_calls_ids_and_nowhere_else() -> None:
+    rows = rows_of(rollout("a", [1], [2, 3], [4]), rollout("b", [1], [5]))
+    per_call = [np.array([1.5, -2.0], np.float32), np.array([0.25], np.float32)]
+    per_token = call_token_advantages(per_call, rows.rollout_index, rows.call_index, rows.response_mask)
+    batch = TrainBatch.from_rows(rows, per_token, temperature=np.array([0.5, 1.0]))
+    assert batch.advantages[0].tolist()[:4] == [1.5, 1.5, 0.0, -2.0]  # the tool output id between: 0
+    assert batch.advantages[1].tolist()[:2] == [0.25, 0.0]
+    assert batch.temperatures.tolist() == [0.5, 1.0]
+    assert (batch.loss_weights == TrainBatch.from_rows(rows, np.zeros(2)).loss_weights).all()
+    with pytest.raises(BatchError, match="per-token advantages have shape"):
+        TrainBatch.from_rows(rows, per_token[:, :3])

@@ -1,7 +1,8 @@
 """What one trainer step consumes: training rows with their advantages, loss weights and temperatures.
 
 Plain NumPy, built from the row builder's output (`keraunos.training.trajectories.Rows`) and the
-per-rollout advantages (`keraunos.training.advantages.rollout_advantages`). Every row is a
+per-rollout advantages (`keraunos.training.advantages.rollout_advantages`), or per-token ones
+built from per-call advantages (`keraunos.training.credit.call_token_advantages`). Every row is a
 left-padded prompt of `prompt_len` ids followed by a right-padded response; the arrays of width
 `R` cover the response part only. The trainer cuts the batch into micro-batches of rows and trims
 each one's shared padding before the forward pass (`TrainBatch.trimmed`), which changes nothing
@@ -51,24 +52,39 @@ class TrainBatch:
     def from_rows(
         cls, rows: Rows, advantages: np.ndarray, temperature: float | np.ndarray = 1.0
     ) -> TrainBatch:
-        """A batch from built rows and one advantage per rollout (indexed by `rows.rollout_index`).
+        """A batch from built rows and one advantage per rollout (indexed by `rows.rollout_index`),
+        or an (N, R) array of per-token advantages (`call_token_advantages`), used where the
+        response mask is 1.
 
-        `temperature` is one number for every row, or one per rollout like `advantages`. The loss
-        weights make every rollout count equally (`rollout_loss_weights`).
+        `temperature` is one number for every row, or one per rollout. The loss weights make every
+        rollout count equally (`rollout_loss_weights`).
         """
         advantages = np.asarray(advantages, dtype=np.float32)
         index = np.asarray(rows.rollout_index, dtype=np.int64)
-        if index.size and int(index.max()) >= advantages.shape[0]:
-            raise BatchError(
-                f"rows refer to rollout {int(index.max())} but only {advantages.shape[0]} advantages were given"
-            )
+        per_token = advantages.ndim == 2
+        if per_token:
+            if advantages.shape != rows.response_mask.shape:
+                raise BatchError(
+                    f"per-token advantages have shape {advantages.shape}, the rows' responses "
+                    f"{rows.response_mask.shape}"
+                )
+            token = advantages * (np.asarray(rows.response_mask) != 0)
+        else:
+            if index.size and int(index.max()) >= advantages.shape[0]:
+                raise BatchError(
+                    f"rows refer to rollout {int(index.max())} but only {advantages.shape[0]} advantages were given"
+                )
+            token = token_advantages(advantages, index, rows.response_mask)
         temps = np.asarray(temperature, dtype=np.float32)
         if temps.ndim == 0:
             temps = np.full(len(index), float(temps), dtype=np.float32)
-        elif temps.shape != advantages.shape:
-            raise BatchError(
-                f"give one temperature, or one per rollout ({advantages.shape[0]}), not {temps.shape[0]}"
-            )
+        elif (
+            temps.ndim != 1
+            or (not per_token and temps.shape != advantages.shape)
+            or (index.size and int(index.max()) >= temps.shape[0])
+        ):
+            expected = "" if per_token else f" ({advantages.shape[0]})"
+            raise BatchError(f"give one temperature, or one per rollout{expected}, not {temps.shape}")
         else:
             temps = temps[index]
         batch = cls(
@@ -76,7 +92,7 @@ class TrainBatch:
             attention_mask=np.asarray(rows.attention_mask, dtype=np.int64),
             position_ids=np.asarray(rows.position_ids, dtype=np.int64),
             response_mask=np.asarray(rows.response_mask, dtype=bool),
-            advantages=token_advantages(advantages, index, rows.response_mask).astype(np.float32),
+            advantages=token.astype(np.float32),
             loss_weights=rollout_loss_weights(rows.response_mask, index),
             old_logprobs=np.asarray(rows.old_logprobs, dtype=np.float32),
             logprobs_valid=np.asarray(rows.logprobs_valid, dtype=bool),
