@@ -22,6 +22,11 @@ ones in flight finish.
 `pending` lists the groups created but not handed back yet (async carry-over), for the run's
 checkpoint; `adopt` takes them over again in a resumed run (the same ids: creation returns the
 rollouts as they are, finished or not), so they are trained on once and none is created twice.
+
+The user's lifecycle hooks (`keraunos.hooks`, where "trainer") are fired for each rollout created
+(`on_enqueue`) and, when its group is settled, for each sibling that ended (`on_success`,
+`on_failure`, with the reward read); they never hold up collecting, and `close` waits for the
+last calls at most their timeout.
 """
 
 from __future__ import annotations
@@ -37,11 +42,12 @@ from typing import Any, Literal, Self
 
 import httpx
 import structlog
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
 from keraunos.errors import KeraunosError
+from keraunos.hooks import Hooks, checked_hook_path
 from keraunos.protocol import RolloutConfig
 from keraunos.training._data import CompletedRollout
 from keraunos.training._outcome import FailedPolicy, SiblingOutcome, settle_group
@@ -110,6 +116,25 @@ class CollectorConfig(LayeredSettings):
     read_concurrency: int = Field(default=8, ge=1, description="Event reads in parallel.")
     drain_poll_interval_s: float = Field(default=0.2, gt=0, description="Seconds between drain checks.")
     pause_retry_after_s: int = Field(default=5, ge=0, description="Retry-After agents get while paused.")
+    hook_on_enqueue: str = Field(
+        default="",
+        description="Python callable ('module:function') called with a HookPayload for each rollout "
+        "created (docs/multi-agent.md#lifecycle-hooks). Empty: none.",
+    )
+    hook_on_success: str = Field(
+        default="", description="Callable called for each succeeded rollout when its group is settled."
+    )
+    hook_on_failure: str = Field(
+        default="", description="Callable called for each failed rollout when its group is settled."
+    )
+    hook_timeout_s: float = Field(
+        default=10.0, gt=0, description="Seconds a hook call may take before it is abandoned."
+    )
+
+    @field_validator("hook_on_enqueue", "hook_on_success", "hook_on_failure")
+    @classmethod
+    def _hook_loads(cls, value: str) -> str:
+        return checked_hook_path(value)
 
     @model_validator(mode="after")
     def _async_in_flight(self) -> Self:
@@ -171,6 +196,8 @@ class _Group:
     submitted_at: float
     version: int | None = None
     states: dict[str, str | None] = field(default_factory=dict)
+    #: The rollouts as their creation answered, by id, kept for the end hooks (when configured).
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def complete(self) -> bool:
         return all(self.states.get(rid) in TERMINAL for rid in self.rollout_ids)
@@ -221,6 +248,15 @@ class RolloutCollector:
         self._ready: deque[RolloutGroup] = deque()
         self._highest_version: int | None = None
         self._version: int | None = None
+        self.hooks = Hooks.load(
+            {
+                "on_enqueue": config.hook_on_enqueue,
+                "on_success": config.hook_on_success,
+                "on_failure": config.hook_on_failure,
+            },
+            where="trainer",
+            timeout_s=config.hook_timeout_s,
+        )
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -255,7 +291,9 @@ class RolloutCollector:
         log.info("collector ready", server=self.config.server_url, delta=self._delta, cursor=self._cursor)
 
     async def close(self) -> None:
-        """Close the HTTP client; rollouts in flight stay on the server."""
+        """Wait for the hook calls still running (at most their timeout), close the HTTP client;
+        rollouts in flight stay on the server."""
+        await self.hooks.drain()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -301,7 +339,8 @@ class RolloutCollector:
         created again under their own ids, which returns the existing rollouts, and then waited for
         like the collector's own."""
         counts: Counter[str] = Counter()
-        await self._create([(g.step, g.index, g.row) for g in groups], counts)
+        # Their rollouts were enqueued (and their on_enqueue hook called) by the earlier process.
+        await self._create([(g.step, g.index, g.row) for g in groups], counts, enqueue_hook=False)
         log.info("adopted pending groups", groups=counts["groups_submitted"])
 
     async def pause_and_drain(self, timeout_s: float) -> DrainReport:
@@ -371,8 +410,13 @@ class RolloutCollector:
         """Create a group for each row, numbered by `index` within `step`."""
         await self._create([(step, next(index), row) for row in rows], counts)
 
-    async def _create(self, groups: list[tuple[int, int, Any]], counts: Counter[str]) -> None:
-        """Create `n` rollouts for each (step, index, row), in chunks; existing ids come back unchanged."""
+    async def _create(
+        self, groups: list[tuple[int, int, Any]], counts: Counter[str], *, enqueue_hook: bool = True
+    ) -> None:
+        """Create `n` rollouts for each (step, index, row), in chunks; existing ids come back
+        unchanged. Each created rollout is handed to the `on_enqueue` hook (unless `enqueue_hook`
+        is false) and kept for the end hooks."""
+        keep = self.hooks.configured("on_success") or self.hooks.configured("on_failure")
         items: list[dict[str, Any]] = []
         now = time.monotonic()
         for step, i, row in groups:
@@ -394,8 +438,14 @@ class RolloutCollector:
                 # A retried creation (or a resumed run) may find rollouts that already finished.
                 state = rollout.get("status", {}).get("state")
                 group = self._in_flight.get(self._by_rollout.get(rollout.get("rollout_id"), ""))
-                if group is not None and state in TERMINAL:
+                if group is None:
+                    continue
+                if state in TERMINAL:
                     group.states[rollout["rollout_id"]] = state
+                if keep:
+                    group.records[rollout["rollout_id"]] = rollout
+                if enqueue_hook:
+                    self.hooks.fire("on_enqueue", rollout, state=state)
         counts["rollouts_created"] += len(items)
 
     async def _poll(self, counts: Counter[str]) -> None:
@@ -442,6 +492,7 @@ class RolloutCollector:
                 return SiblingOutcome(rid, state, await self._read(rid))
 
         siblings = list(await asyncio.gather(*(read(rid) for rid in group.rollout_ids)))
+        self._end_hooks(group, siblings)
         kept = settle_group(
             group.group_id,
             siblings,
@@ -474,6 +525,18 @@ class RolloutCollector:
         except TripletReadError as exc:
             log.error("rollout events unreadable", rollout_id=rollout_id, error=str(exc))
             return None
+
+    def _end_hooks(self, group: _Group, siblings: list[SiblingOutcome]) -> None:
+        """`on_success` / `on_failure` for each terminal sibling of a settled group, with the reward
+        read from its events (None when it was not read or has none); siblings cut off by the
+        group's timeout did not end, so they get neither."""
+        for sibling in siblings:
+            if sibling.state not in TERMINAL:
+                continue
+            point = "on_success" if sibling.state == "succeeded" else "on_failure"
+            rollout = group.records.get(sibling.rollout_id, {"rollout_id": sibling.rollout_id})
+            reward = sibling.read.reward if sibling.read is not None else None
+            self.hooks.fire(point, rollout, state=sibling.state, reward=reward)
 
     def _check_versions(
         self, rollout: CompletedRollout, lowest: int | None, current: int, counts: Counter[str]

@@ -15,6 +15,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
+from keraunos.hooks import checked_hook_path
 from keraunos.protocol import ID_MAX_LENGTH, ID_RE, ID_RULE
 from keraunos.release.plan_input import StartPlan, release_fields_plan
 from keraunos.training._outcome import FailedPolicy
@@ -353,6 +354,32 @@ class TrainConfig(LayeredSettings):
         default=False, description="Serve GET /metrics without any key (for scrapers without credentials)."
     )
 
+    # -- lifecycle hooks (docs/multi-agent.md#lifecycle-hooks) ------------------------------------
+    hook_on_enqueue: str = Field(
+        default="",
+        description="Python callable ('module:function' or 'module.function', importable from "
+        "PYTHONPATH) called with a HookPayload for each rollout the run creates. Empty: none.",
+    )
+    hook_on_success: str = Field(
+        default="",
+        description="Callable called for each succeeded rollout when its group is settled (with "
+        "the reward read). Empty: none.",
+    )
+    hook_on_failure: str = Field(
+        default="",
+        description="Callable called for each failed rollout when its group is settled. Empty: none.",
+    )
+    hook_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a hook call may take; past it the call is logged and abandoned.",
+    )
+
+    @field_validator("hook_on_enqueue", "hook_on_success", "hook_on_failure")
+    @classmethod
+    def _hook_loads(cls, value: str) -> str:
+        return checked_hook_path(value)
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lowercase(cls, value: Any) -> Any:
@@ -530,5 +557,9 @@ class TrainConfig(LayeredSettings):
             group_timeout_s=self.group_timeout_s,
             pause_retry_after_s=self.pause_retry_after_s,
             drain_poll_interval_s=min(0.2, self.poll_interval_s),
+            hook_on_enqueue=self.hook_on_enqueue,
+            hook_on_success=self.hook_on_success,
+            hook_on_failure=self.hook_on_failure,
+            hook_timeout_s=self.hook_timeout_s,
             **extra,
         )

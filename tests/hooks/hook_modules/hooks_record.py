@@ -19,10 +19,10 @@ from typing import Any
 HANG_S = 30.0
 
 
-def _note(hook: str, payload: Any, **extra: Any) -> None:
-    fields = dataclasses.asdict(payload) | {"hook": hook, "at": time.time(), **extra}
+def _note(hook: str, payload: Any, path: str = "") -> None:
+    fields = dataclasses.asdict(payload) | {"hook": hook, "at": time.time()}
     fields["thread"] = threading.current_thread() is not threading.main_thread()
-    with open(os.environ["HOOK_NOTES"], "a", encoding="utf-8") as file:
+    with open(path or os.environ["HOOK_NOTES"], "a", encoding="utf-8") as file:
         file.write(json.dumps(fields, default=str) + "\n")
 
 
@@ -45,16 +45,18 @@ def explode(payload: Any) -> None:
 
 def hang(payload: Any) -> None:
     """Notes that it started, then sleeps far past any timeout (a hook stuck on a dead server)."""
-    _note("hang", payload)
+    path = os.environ["HOOK_NOTES"]  # a later test of the same process may have its own by then
+    _note("hang", payload, path)
     time.sleep(HANG_S)
-    _note("hang_returned", payload)
+    _note("hang_returned", payload, path)
 
 
 async def hang_async(payload: Any) -> None:
     """The async form of `hang`: cancelled at the timeout, so it never notes a return."""
-    _note("hang_async", payload)
+    path = os.environ["HOOK_NOTES"]
+    _note("hang_async", payload, path)
     await asyncio.sleep(HANG_S)
-    _note("hang_async_returned", payload)
+    _note("hang_async_returned", payload, path)
 
 
 class AsyncCallable:
