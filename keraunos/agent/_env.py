@@ -22,6 +22,8 @@ KEY = "AGL_KEY"
 _ID = r"[A-Za-z0-9._:-]{1,128}"
 _EVENT_PATH = re.compile(rf"/api/rollouts/(?P<rollout>{_ID})/attempt/(?P<attempt>{_ID})/events/?\Z")
 _PROXY_PATH = re.compile(rf"/proxy/rollout/(?P<rollout>{_ID})/attempt/(?P<attempt>{_ID})/mode/")
+_AGENT_ID = re.compile(_ID)
+_OPENAI_V1 = "/openai/v1"
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,27 @@ class AgentEnv:
         )
 
 
-def openai_base_url() -> str:
-    """The OpenAI base URL to give any OpenAI-compatible client (`AGL_OPENAI_BASE_URL`)."""
-    return AgentEnv.read().openai_base_url
+def openai_base_url(agent: str | None = None) -> str:
+    """The OpenAI base URL to give any OpenAI-compatible client (`AGL_OPENAI_BASE_URL`).
+
+    With `agent`, the base URL of that sub-agent of a multi-agent system
+    (docs/multi-agent.md#agent-ids): `/agent/{agent}` inserted before `/openai/v1`, so the proxy
+    records each of its calls with `agent_id`. The id follows the protocol's rule for ids
+    (1 to 128 characters of `[A-Za-z0-9._:-]`, not only dots); `ValueError` otherwise.
+    """
+    url = AgentEnv.read().openai_base_url
+    if agent is None:
+        return url
+    if _AGENT_ID.fullmatch(agent) is None or set(agent) == {"."}:
+        raise ValueError(
+            f"agent id {agent[:64]!r} is not 1 to 128 characters of [A-Za-z0-9._:-], not only dots"
+        )
+    head, sep, tail = url.rpartition(_OPENAI_V1)
+    if not sep:
+        raise NotInRolloutError(
+            f"{OPENAI_BASE_URL}={url!r} does not end in {_OPENAI_V1}: no agent path to add"
+        )
+    return f"{head}/agent/{agent}{sep}{tail}"
 
 
 def api_key() -> str:

@@ -94,15 +94,17 @@ def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
     # GET /api/rollouts/{r}/resources
     if len(parts) == 5 and parts[1] == "api" and parts[2] == "rollouts" and parts[4] == "resources":
         return method in ("GET", "HEAD") and parts[3] == claims.rollout_id
-    # /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/...
+    # /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/... (or .../mode/{m}/agent/{id}/openai/v1/...)
     if (
         len(parts) >= 11
         and parts[1] == "proxy"
         and parts[2] == "rollout"
         and parts[4] == "attempt"
         and parts[6] == "mode"
-        and parts[8] == "openai"
-        and parts[9] == "v1"
+        and (
+            (parts[8] == "openai" and parts[9] == "v1")
+            or (len(parts) >= 13 and parts[8] == "agent" and parts[10] == "openai" and parts[11] == "v1")
+        )
     ):
         return parts[3] == claims.rollout_id and parts[5] == claims.attempt_id
     # POST /api/rollouts/{r}/attempt/{a}/events

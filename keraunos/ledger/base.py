@@ -379,15 +379,17 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     async def list_events(
-        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:
-        """Events of one attempt in arrival order, exactly as they were written."""
+        """Events of one attempt in arrival order, exactly as they were written; with `agent_id`,
+        only the events whose `data.agent_id` is that string (docs/multi-agent.md#agent-ids)."""
 
     @abc.abstractmethod
     async def list_triplet_events(
-        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:
-        """Events of one attempt in the trimmed `format=triplet` shape of docs/protocol.md#triplet-view.
+        """Events of one attempt in the trimmed `format=triplet` shape of docs/protocol.md#triplet-view
+        (with `agent_id`, only that agent's, as `list_events` filters them).
 
         `model_request` data is reduced to token ids, log probs and server; `reward` data to its
         value; among model requests with identical non-empty prompt ids only the last is kept.

@@ -45,3 +45,18 @@ def test_urls_that_name_no_rollout_are_refused() -> None:
     bad = {**ENVIRON, "AGL_EVENT_URL": f"{SERVER}/x", "AGL_OPENAI_BASE_URL": f"{SERVER}/v1"}
     with pytest.raises(NotInRolloutError, match="does not look like"):
         AgentEnv.read(bad)
+
+
+def test_an_agents_base_url_inserts_its_agent_segment_before_openai_v1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in ENVIRON.items():
+        monkeypatch.setenv(name, value)
+    assert agent.openai_base_url(agent="planner") == (
+        f"{SERVER}/proxy/rollout/ro-1.a:b/attempt/3/mode/train/agent/planner/openai/v1"
+    )
+    assert agent.openai_base_url() == ENVIRON["AGL_OPENAI_BASE_URL"]
+    with pytest.raises(ValueError, match="not 1 to 128 characters"):
+        agent.openai_base_url(agent="a b")
+    with pytest.raises(ValueError):
+        agent.openai_base_url(agent="..")

@@ -102,6 +102,7 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/finish": {"post"},
         "/api/rollouts/{rollout_id}/attempt/{attempt_id}/logs": {"get", "put"},
         "/api/rollouts/{rollout_id}/events": {"get"},
+        "/api/rollouts/{rollout_id}/agents": {"get"},
         "/api/models": {"get", "post", "delete"},
         "/api/resources": {"get"},
         "/api/resources/{name}": {"post"},

@@ -19,9 +19,10 @@ from keraunos.gateway.api._common import (
     ledger_of,
     read_body,
 )
+from keraunos.gateway.api.agent_stats import AgentStats, agent_stats
 from keraunos.ledger.codec._triplet_delta import delta_encode
 from keraunos.ledger.errors import RolloutNotFound
-from keraunos.protocol import DEFAULT_ATTEMPT_ID, MODEL_REQUEST, Event, EventCreate
+from keraunos.protocol import DEFAULT_ATTEMPT_ID, ID_MAX_LENGTH, ID_PATTERN, MODEL_REQUEST, Event, EventCreate
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=LeanRoute)
 
@@ -91,6 +92,16 @@ async def list_events(
             "the response, so the size grows linearly with the turns. Ignored without triplet."
         ),
     ] = False,
+    agent_id: Annotated[
+        str | None,
+        Query(
+            pattern=ID_PATTERN,
+            max_length=ID_MAX_LENGTH,
+            description="Only the events of this agent (keraunos extension `agent-ids`): model calls "
+            "the proxy recorded with this `agent_id`, and events whose data carries it. With "
+            "`delta=1` the prompt references point into the filtered list.",
+        ),
+    ] = None,
 ) -> Response:
     """Events of `status.last_attempt_id` (attempt "0" when unset), in arrival order."""
     ledger = ledger_of(request)
@@ -100,9 +111,27 @@ async def list_events(
     attempt_id = rollout.status.last_attempt_id or DEFAULT_ATTEMPT_ID
     events: list[dict[str, Any]]
     if fmt == "triplet":
-        events = await ledger.list_triplet_events(rollout_id, attempt_id, event_type)
-        if delta:
+        events = await ledger.list_triplet_events(rollout_id, attempt_id, event_type, agent_id)
+        if delta:  # after the filter: the references are indices of the list answered
             events = delta_encode(events)
     else:
-        events = await ledger.list_events(rollout_id, attempt_id, event_type)
+        events = await ledger.list_events(rollout_id, attempt_id, event_type, agent_id)
     return json_response(dump_json(events))
+
+
+@router.get(
+    "/{rollout_id}/agents",
+    summary="Per-agent statistics of the rollout's model calls (keraunos extension agent-ids)",
+    response_model=None,
+    responses={200: {"model": list[AgentStats], "description": "One entry per agent, first call first."}},
+)
+async def list_agents(request: Request, rollout_id: RolloutIdPath) -> Response:
+    """Calls, ok calls, tokens and median latency per agent over the model calls of
+    `status.last_attempt_id`; the untagged calls are the entry with a null `agent_id`."""
+    ledger = ledger_of(request)
+    rollout = await ledger.get_rollout(rollout_id)
+    if rollout is None:
+        raise RolloutNotFound(rollout_id)
+    attempt_id = rollout.status.last_attempt_id or DEFAULT_ATTEMPT_ID
+    events = await ledger.list_events(rollout_id, attempt_id, MODEL_REQUEST)
+    return json_response(dump_json([stats.model_dump() for stats in agent_stats(events)]))

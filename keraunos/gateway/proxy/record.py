@@ -31,6 +31,7 @@ def model_request_data(
     sampling: Sampling,
     answer: Answer,
     exact_tokens: bool = False,
+    agent_id: str | None = None,
 ) -> Recorded:
     """The record of `answer` to `request` (the body sent upstream), success or error.
 
@@ -39,7 +40,7 @@ def model_request_data(
 
     A body that is not a JSON object is recorded as `status: "error"` whatever the HTTP status (a
     200 carrying an event stream or an HTML page holds no training data): `response.error` keeps
-    the body's text and says why (`reason`). `exact_tokens`: see `call_data`.
+    the body's text and says why (`reason`). `exact_tokens`, `agent_id`: see `call_data`.
     """
     status = status_of(answer.status)
     try:
@@ -59,6 +60,7 @@ def model_request_data(
         attempts=answer.attempts,
         latency_ms=answer.latency_ms,
         exact_tokens=exact_tokens,
+        agent_id=agent_id,
     )
     return Recorded(data, None if payload is None else WireCall(payload, answer.body))
 
@@ -75,6 +77,7 @@ def call_data(
     attempts: int,
     latency_ms: float,
     exact_tokens: bool = False,
+    agent_id: str | None = None,
 ) -> dict[str, Any]:
     """`data` of a `model_request` event from its parts: the one shape of streamed and unstreamed calls.
 
@@ -83,6 +86,8 @@ def call_data(
     `exact_tokens`: the call went with exact prompt ids (`--exact-tokens`), which `request` leaves
     out (they are the response's `prompt_token_ids`; a copy in each call's request would make a
     rollout's storage grow with the square of its turns); `server.exact_tokens` then says so.
+    `agent_id`: the agent that made the call (docs/multi-agent.md#agent-ids), recorded as `agent_id`
+    only when given, so an untagged call keeps Agent Lightning v1.0's shape.
     """
     data = {
         "model": served_model,
@@ -106,6 +111,8 @@ def call_data(
     }
     if exact_tokens:  # keraunos extension: the prompt ids were sent, not rendered by the engine
         data["server"]["exact_tokens"] = True
+    if agent_id is not None:  # keraunos extension `agent-ids`
+        data["agent_id"] = agent_id
     return data
 
 

@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.types import Receive, Scope, Send
 
 from keraunos.gateway.api._common import TOO_DEEP_MESSAGE, LeanRoute, _raw_body, dump_bounded, id_checked
+from keraunos.gateway.proxy.agents import call_agent, header_agent
 from keraunos.gateway.proxy.answers import (
     JSON,
     failure_answer,
@@ -97,7 +98,27 @@ def proxy_state(request: Request) -> ProxyState:
 )
 async def model_call(request: Request, rollout_id: str, attempt_id: str, mode: str, path: str) -> Response:
     """Proxy one OpenAI call of (rollout, attempt) to the rollout's endpoint and record it."""
+    return await _model_call(request, rollout_id, attempt_id, mode, path, None)
+
+
+@router.post(
+    "/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/agent/{agent_id}/openai/v1/{path:path}",
+    include_in_schema=False,
+)
+async def agent_model_call(
+    request: Request, rollout_id: str, attempt_id: str, mode: str, agent_id: str, path: str
+) -> Response:
+    """`model_call` for a call tagged with its agent by its base URL (docs/multi-agent.md#agent-ids)."""
+    return await _model_call(request, rollout_id, attempt_id, mode, path, agent_id)
+
+
+async def _model_call(
+    request: Request, rollout_id: str, attempt_id: str, mode: str, path: str, path_agent: str | None
+) -> Response:
     state = proxy_state(request)
+    agent_id, problem = call_agent(path_agent, header_agent(request.scope["headers"]))
+    if problem is not None:
+        return gateway_error(400, problem, code="invalid_agent_id")
     temperature = state.temperatures.get(mode)
     if temperature is None or path not in CALL_PATHS:
         return not_found(mode, path)
@@ -109,7 +130,7 @@ async def model_call(request: Request, rollout_id: str, attempt_id: str, mode: s
     pause.admit()
     handed_over = False
     try:
-        response = await _forward(state, request, rollout_id, attempt_id, mode, path, temperature)
+        response = await _forward(state, request, rollout_id, attempt_id, mode, path, temperature, agent_id)
         # A stream stays in flight until its record is committed: the response releases it.
         handed_over = isinstance(response, StreamedCall)
         return response
@@ -131,6 +152,7 @@ class _Call:
     sampling: Sampling
     stream: bool
     started: float  # perf_counter() when the call was admitted
+    agent_id: str | None = None  # the agent that made the call, when it said (docs/multi-agent.md)
     upstream_at: float = 0.0  # perf_counter() when the first upstream attempt began
     spliced: Any = None  # --exact-tokens: the prompt ids sent instead of the messages' rendering
 
@@ -155,6 +177,7 @@ class _Call:
             attempts=attempts,
             latency_ms=latency_ms,
             exact_tokens=self.spliced is not None,
+            agent_id=self.agent_id,
         )
 
     async def send(
@@ -233,6 +256,7 @@ async def _forward(
     mode: str,
     path: str,
     temperature: float,
+    agent_id: str | None,
 ) -> Response:
     started = time.perf_counter()
     raw = await _raw_body(request)
@@ -254,7 +278,7 @@ async def _forward(
     if replay_of is not None:  # answered from the record: no endpoint needed (proxy/replay.py)
         return await answer_replay(
             state, body, rollout_id=rollout_id, attempt_id=attempt_id, mode=mode, path=path,
-            temperature=temperature, source_id=replay_of,
+            temperature=temperature, source_id=replay_of, agent_id=agent_id,
         )  # fmt: skip
     config = state.config
     endpoints = await state.endpoints.endpoints(config.served_model)
@@ -308,8 +332,9 @@ async def _forward(
     if payload is None:
         return gateway_error(400, f"Request body: {TOO_DEEP_MESSAGE}", code="json_too_deep")
     call = _Call(
-        state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started, spliced=spliced
-    )
+        state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started,
+        agent_id=agent_id, spliced=spliced,
+    )  # fmt: skip
     progress = Progress()
     watch = DisconnectWatch(request.receive, state.watches)
     call.upstream_at = time.perf_counter()
@@ -351,6 +376,7 @@ async def _forward(
         sampling=sampling,
         answer=outcome,
         exact_tokens=spliced is not None,
+        agent_id=agent_id,
     )
     data = recorded.data
     if data["status"] == "error" and 200 <= outcome.status < 300:
@@ -593,6 +619,24 @@ async def _check_rollout(state: ProxyState, rollout_id: str) -> str | None:
 )
 async def list_served_models(request: Request, rollout_id: str, attempt_id: str, mode: str) -> Response:
     """The served model, as an OpenAI server lists its models."""
+    return await _served_models(request, rollout_id, mode)
+
+
+@router.get(
+    "/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/agent/{agent_id}/openai/v1/models",
+    include_in_schema=False,
+)
+async def agent_served_models(
+    request: Request, rollout_id: str, attempt_id: str, mode: str, agent_id: str
+) -> Response:
+    """`list_served_models` under an agent's base URL (the id checked as a call's would be)."""
+    _, problem = call_agent(agent_id, header_agent(request.scope["headers"]))
+    if problem is not None:
+        return gateway_error(400, problem, code="invalid_agent_id")
+    return await _served_models(request, rollout_id, mode)
+
+
+async def _served_models(request: Request, rollout_id: str, mode: str) -> Response:
     state = proxy_state(request)
     if mode not in state.temperatures:
         return not_found(mode, "models")

@@ -4,6 +4,10 @@ A `model_request` is stored encoded against the previous `model_request` of its 
 in arrival order (`keraunos.ledger.codec`), so readers walk an attempt's rows in order and thread
 the call context through every `model_request`. A row may also be in wire form for a while
 (`keraunos.ledger.codec._wire`, SQLite only): it decodes on its own, and no row extends it.
+
+Each row also carries its `agent_id` column (`agent_of` of its data). A read for one agent
+(docs/multi-agent.md#agent-ids) still walks every call of the attempt, since a call's delta base is
+the attempt's previous call whatever its agent, and keeps only the agent's rows.
 """
 
 from __future__ import annotations
@@ -24,18 +28,31 @@ from keraunos.protocol import MODEL_REQUEST
 
 REWARD = "reward"
 
-#: (event_type, timestamp, data blob) of one stored event, in arrival order.
-EventRow = tuple[str, float, bytes]
+#: (event_type, timestamp, data blob, agent_id column) of one stored event, in arrival order.
+EventRow = tuple[str, float, bytes, str | None]
 
 
-def decode_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
-    """One attempt's events exactly as they were written."""
-    return _decode(rollout_id, attempt_id, rows, _decode_call, _as_is)
+def agent_of(data: Any) -> str | None:
+    """The `agent_id` column of an event with `data`: its string `data.agent_id`, else None (the
+    proxy sets it on a tagged call; an agent may put one on the events it posts)."""
+    agent = data.get("agent_id") if isinstance(data, dict) else None
+    return agent if isinstance(agent, str) else None
 
 
-def decode_triplet_events(rollout_id: str, attempt_id: str, rows: Iterable[EventRow]) -> list[EventDict]:
-    """One attempt's events in the trimmed `format=triplet` shape of docs/protocol.md#triplet-view."""
-    return dedupe_model_requests(_decode(rollout_id, attempt_id, rows, _decode_call_triplet, trim_reward))
+def decode_events(
+    rollout_id: str, attempt_id: str, rows: Iterable[EventRow], agent_id: str | None = None
+) -> list[EventDict]:
+    """One attempt's events exactly as they were written (only `agent_id`'s, if given)."""
+    return _decode(rollout_id, attempt_id, rows, _decode_call, _as_is, agent_id)
+
+
+def decode_triplet_events(
+    rollout_id: str, attempt_id: str, rows: Iterable[EventRow], agent_id: str | None = None
+) -> list[EventDict]:
+    """One attempt's events in the trimmed `format=triplet` shape of docs/protocol.md#triplet-view
+    (only `agent_id`'s, if given: retries are de-duplicated within the agent's calls)."""
+    events = _decode(rollout_id, attempt_id, rows, _decode_call_triplet, trim_reward, agent_id)
+    return dedupe_model_requests(events)
 
 
 _CallDecoder = Callable[[bytes, CallContext | None], tuple[dict[str, Any], CallContext | None]]
@@ -47,14 +64,20 @@ def _decode(
     rows: Iterable[EventRow],
     decode_call: _CallDecoder,
     shape_reward: Callable[[dict[str, Any]], dict[str, Any]],
+    agent_id: str | None = None,
 ) -> list[EventDict]:
-    """The rows as events, the call context threaded through the attempt's `model_request` rows."""
+    """The rows as events, the call context threaded through the attempt's `model_request` rows;
+    with `agent_id`, only the rows of that agent (the others' calls are decoded for the chain)."""
     ctx: CallContext | None = None
     out: list[EventDict] = []
-    for event_type, timestamp, blob in rows:
+    for event_type, timestamp, blob, agent in rows:
         data: dict[str, Any]
         if event_type == MODEL_REQUEST:
             data, ctx = decode_call(blob, ctx)
+            if agent_id is not None and agent != agent_id:
+                continue
+        elif agent_id is not None and agent != agent_id:
+            continue
         elif event_type == REWARD:
             data = shape_reward(decode_json(blob))
         else:

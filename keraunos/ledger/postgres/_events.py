@@ -17,9 +17,10 @@ from collections import OrderedDict
 import asyncpg
 
 from keraunos.ledger.codec import CallContext, encode_model_request
+from keraunos.ledger.codec._event_rows import agent_of
 from keraunos.ledger.errors import RolloutNotFound
 
-_APPEND_CALL = "SELECT keraunos_append_call($1, $2, $3, $4, $5)"
+_APPEND_CALL = "SELECT keraunos_append_call($1, $2, $3, $4, $5, $6)"
 _STALE = -1
 
 
@@ -64,17 +65,18 @@ async def append_call(
 ) -> int:
     """Append a `model_request` (as a delta when the chain allows); its event id."""
     key = (rollout_id, attempt_id)
+    agent = agent_of(data)
     held = chains.get(key)
     if held is not None:
         blob, ctx = encode_model_request(data, held[0])
-        event_id = await conn.fetchval(_APPEND_CALL, rollout_id, attempt_id, now, blob, held[1])
+        event_id = await conn.fetchval(_APPEND_CALL, rollout_id, attempt_id, now, blob, held[1], agent)
         if event_id is None:
             raise RolloutNotFound(rollout_id)
         if event_id != _STALE:
             chains.put(key, ctx, event_id)
             return event_id
     blob, ctx = encode_model_request(data, None)
-    event_id = await conn.fetchval(_APPEND_CALL, rollout_id, attempt_id, now, blob, None)
+    event_id = await conn.fetchval(_APPEND_CALL, rollout_id, attempt_id, now, blob, None, agent)
     if event_id is None:
         raise RolloutNotFound(rollout_id)
     chains.put(key, ctx, event_id)

@@ -58,7 +58,7 @@ from keraunos.ledger.base import (
     RetentionMarks,
 )
 from keraunos.ledger.codec import encode_json
-from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
+from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
 from keraunos.ledger.errors import (
     AttemptConflict,
     InvalidTransition,
@@ -108,17 +108,25 @@ ON CONFLICT (rollout_id) DO NOTHING
 RETURNING rollout_id
 """
 _INSERT_EVENT = (
-    "INSERT INTO events (rollout, attempt_id, event_type, timestamp, data) "
-    "SELECT id, $1, $2, $3, $4 FROM rollouts WHERE rollout_id = $5"
+    "INSERT INTO events (rollout, attempt_id, event_type, timestamp, data, agent_id) "
+    "SELECT id, $1, $2, $3, $4, $6 FROM rollouts WHERE rollout_id = $5"
 )
 _SELECT_EVENTS = (
-    "SELECT event_type, timestamp, data FROM events "
+    "SELECT event_type, timestamp, data, agent_id FROM events "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2 ORDER BY id"
 )
 _SELECT_EVENTS_OF_TYPE = (
-    "SELECT event_type, timestamp, data FROM events "
+    "SELECT event_type, timestamp, data, agent_id FROM events "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2 "
     "AND event_type = $3 ORDER BY id"
+)
+# One agent's events: every call (each is a delta against the attempt's previous call, whatever its
+# agent; the decoder keeps the agent's) and, of the other events, only the agent's.
+_SELECT_AGENT_EVENTS = (
+    "SELECT event_type, timestamp, data, agent_id FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2 "
+    "AND (event_type = 'model_request' OR agent_id = $3) AND ($4::text IS NULL OR event_type = $4) "
+    "ORDER BY id"
 )
 # One statement, so one snapshot: the counter and the rows agree (every position up to `total`
 # is committed and visible), and `next_after` never skips a later commit.
@@ -412,7 +420,7 @@ class PostgresLedger(Ledger):
             await self._pool.run(lambda conn: append_call(conn, chains, rollout_id, attempt_id, data, now))
         else:
             status = await self._pool.execute(
-                _INSERT_EVENT, attempt_id, event_type, now, encode_json(data), rollout_id
+                _INSERT_EVENT, attempt_id, event_type, now, encode_json(data), rollout_id, agent_of(data)
             )
             if row_count(status) == 0:
                 raise RolloutNotFound(rollout_id)
@@ -425,36 +433,43 @@ class PostgresLedger(Ledger):
         }
 
     async def list_events(
-        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:
-        return await self._decoded(decode_events, rollout_id, attempt_id, event_type)
+        return await self._decoded(decode_events, rollout_id, attempt_id, event_type, agent_id)
 
     async def list_triplet_events(
-        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:
-        return await self._decoded(decode_triplet_events, rollout_id, attempt_id, event_type)
+        return await self._decoded(decode_triplet_events, rollout_id, attempt_id, event_type, agent_id)
 
     async def _decoded(
         self,
-        decode: Callable[[str, str, list[EventRow]], list[EventDict]],
+        decode: Callable[[str, str, list[EventRow], str | None], list[EventDict]],
         rollout_id: str,
         attempt_id: str,
         event_type: str | None,
+        agent_id: str | None,
     ) -> list[EventDict]:
         """The attempt's events read and decoded; a long list off the event loop."""
-        rows = await self._event_rows(rollout_id, attempt_id, event_type)
+        rows = await self._event_rows(rollout_id, attempt_id, event_type, agent_id)
         if len(rows) < _DECODE_IN_THREAD:
-            return decode(rollout_id, attempt_id, rows)
-        return await asyncio.to_thread(decode, rollout_id, attempt_id, rows)
+            return decode(rollout_id, attempt_id, rows, agent_id)
+        return await asyncio.to_thread(decode, rollout_id, attempt_id, rows, agent_id)
 
-    async def _event_rows(self, rollout_id: str, attempt_id: str, event_type: str | None) -> list[EventRow]:
+    async def _event_rows(
+        self, rollout_id: str, attempt_id: str, event_type: str | None, agent_id: str | None
+    ) -> list[EventRow]:
         # With a filter, model_request rows are still all read (in order) when the filter is
         # model_request, which is all the context chain needs; other types carry no context.
-        if event_type is None:
+        if agent_id is not None:
+            records = await self._pool.fetch(
+                _SELECT_AGENT_EVENTS, rollout_id, attempt_id, agent_id, event_type
+            )
+        elif event_type is None:
             records = await self._pool.fetch(_SELECT_EVENTS, rollout_id, attempt_id)
         else:
             records = await self._pool.fetch(_SELECT_EVENTS_OF_TYPE, rollout_id, attempt_id, event_type)
-        return [(r[0], r[1], r[2]) for r in records]
+        return [(r[0], r[1], r[2], r[3]) for r in records]
 
     # -- model endpoints ------------------------------------------------------------------------
 

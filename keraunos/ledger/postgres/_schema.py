@@ -298,6 +298,37 @@ MIGRATIONS: tuple[str, ...] = (
         ADD COLUMN consumed_by text,
         ADD COLUMN pinned_at   double precision;
     """,
+    # 7: the agent that made each model call (SQLite's step 9, docs/multi-agent.md#agent-ids):
+    # `data.agent_id` of an event, NULL when it has none; `keraunos_append_call` takes it along.
+    """
+    ALTER TABLE events ADD COLUMN agent_id text;
+    CREATE INDEX events_by_agent ON events (rollout, attempt_id, agent_id, id) WHERE agent_id IS NOT NULL;
+    DROP FUNCTION keraunos_append_call(text, text, double precision, bytea, bigint);
+    CREATE FUNCTION keraunos_append_call(
+        p_rollout_id text, p_attempt_id text, p_timestamp double precision, p_data bytea, p_base bigint,
+        p_agent_id text
+    ) RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE
+        r bigint;
+        last_call bigint;
+        new_id bigint;
+    BEGIN
+        SELECT id INTO r FROM rollouts WHERE rollout_id = p_rollout_id;
+        IF r IS NULL THEN
+            RETURN NULL;
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtext(p_rollout_id), hashtext(p_attempt_id));
+        SELECT max(id) INTO last_call FROM events
+            WHERE rollout = r AND attempt_id = p_attempt_id AND event_type = 'model_request';
+        IF p_base IS NOT NULL AND last_call IS DISTINCT FROM p_base THEN
+            RETURN -1;
+        END IF;
+        INSERT INTO events (rollout, attempt_id, event_type, timestamp, data, agent_id)
+            VALUES (r, p_attempt_id, 'model_request', p_timestamp, p_data, p_agent_id)
+            RETURNING id INTO new_id;
+        RETURN new_id;
+    END $$;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

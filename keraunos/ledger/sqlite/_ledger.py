@@ -62,7 +62,7 @@ from keraunos.ledger.base import (
     RetentionMarks,
 )
 from keraunos.ledger.codec import encode_json, encode_model_request
-from keraunos.ledger.codec._event_rows import EventRow, decode_events, decode_triplet_events
+from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
 from keraunos.ledger.codec._wire import WireCall, encode_wire
 from keraunos.ledger.errors import (
     AttemptConflict,
@@ -118,11 +118,11 @@ _INSERT_ROLLOUT = (
 )
 _CURRENT_TERMINAL_POSITION = "SELECT value FROM counters WHERE name = 'terminal_positions'"
 _INSERT_EVENT = (
-    "INSERT INTO events (rollout, attempt_id, event_type, timestamp, data) "
-    "SELECT id, ?, ?, ?, ? FROM rollouts WHERE rollout_id = ?"
+    "INSERT INTO events (rollout, attempt_id, event_type, timestamp, data, agent_id) "
+    "SELECT id, ?, ?, ?, ?, ? FROM rollouts WHERE rollout_id = ?"
 )
 _SELECT_EVENTS = (
-    "SELECT event_type, timestamp, data FROM events "
+    "SELECT event_type, timestamp, data, agent_id FROM events "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ? ORDER BY id"
 )
 _EVENTS_SIZE = (
@@ -133,9 +133,16 @@ _EVENTS_SIZE = (
 _INLINE_EVENTS = 32
 _INLINE_BYTES = 512 * 1024
 _SELECT_EVENTS_OF_TYPE = (
-    "SELECT event_type, timestamp, data FROM events "
+    "SELECT event_type, timestamp, data, agent_id FROM events "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ? "
     "AND event_type = ? ORDER BY id"
+)
+# One agent's events: every call (each is a delta against the attempt's previous call, whatever its
+# agent; the decoder keeps the agent's) and, of the other events, only the agent's.
+_SELECT_AGENT_EVENTS = (
+    "SELECT event_type, timestamp, data, agent_id FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?1) AND attempt_id = ?2 "
+    "AND (event_type = 'model_request' OR agent_id = ?3) AND (?4 IS NULL OR event_type = ?4) ORDER BY id"
 )
 
 
@@ -559,7 +566,9 @@ class SqliteLedger(Ledger):
 
         def as_wire(conn: sqlite3.Connection) -> None:
             blob = encode_wire(data, wire)
-            cursor = conn.execute(_INSERT_EVENT, (attempt_id, MODEL_REQUEST, now, blob, rollout_id))
+            cursor = conn.execute(
+                _INSERT_EVENT, (attempt_id, MODEL_REQUEST, now, blob, agent_of(data), rollout_id)
+            )
             if cursor.rowcount == 0:
                 raise RolloutNotFound(rollout_id)
             row = _row_id(cursor)
@@ -600,20 +609,20 @@ class SqliteLedger(Ledger):
                 compactor.add(stored[0])
 
     async def list_events(
-        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:
         def op(conn: sqlite3.Connection) -> list[EventDict]:
-            rows = _event_rows(conn, rollout_id, attempt_id, event_type)
-            return decode_events(rollout_id, attempt_id, rows)
+            rows = _event_rows(conn, rollout_id, attempt_id, event_type, agent_id)
+            return decode_events(rollout_id, attempt_id, rows, agent_id)
 
         return await self._read_sized(op, rollout_id, attempt_id)
 
     async def list_triplet_events(
-        self, rollout_id: str, attempt_id: str, event_type: str | None = None
+        self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:
         def op(conn: sqlite3.Connection) -> list[EventDict]:
-            rows = _event_rows(conn, rollout_id, attempt_id, event_type)
-            return decode_triplet_events(rollout_id, attempt_id, rows)
+            rows = _event_rows(conn, rollout_id, attempt_id, event_type, agent_id)
+            return decode_triplet_events(rollout_id, attempt_id, rows, agent_id)
 
         return await self._read_sized(op, rollout_id, attempt_id)
 
@@ -966,7 +975,7 @@ def _append_op(
             blob, ctx = encode_model_request(data, contexts.get(rollout_id, attempt_id))
         else:
             blob, ctx = encode_json(data), None
-        cursor = conn.execute(_INSERT_EVENT, (attempt_id, event_type, now, blob, rollout_id))
+        cursor = conn.execute(_INSERT_EVENT, (attempt_id, event_type, now, blob, agent_of(data), rollout_id))
         if cursor.rowcount == 0:
             raise RolloutNotFound(rollout_id)
         if ctx is not None:
@@ -983,10 +992,16 @@ def _row_id(cursor: sqlite3.Cursor) -> int:
 
 
 def _event_rows(
-    conn: sqlite3.Connection, rollout_id: str, attempt_id: str, event_type: str | None
+    conn: sqlite3.Connection,
+    rollout_id: str,
+    attempt_id: str,
+    event_type: str | None,
+    agent_id: str | None = None,
 ) -> list[EventRow]:
     # With a filter, model_request rows are still all read (in order) when the filter is
     # model_request, which is all the context chain needs; other types carry no context.
+    if agent_id is not None:
+        return conn.execute(_SELECT_AGENT_EVENTS, (rollout_id, attempt_id, agent_id, event_type)).fetchall()
     if event_type is None:
         return conn.execute(_SELECT_EVENTS, (rollout_id, attempt_id)).fetchall()
     return conn.execute(_SELECT_EVENTS_OF_TYPE, (rollout_id, attempt_id, event_type)).fetchall()

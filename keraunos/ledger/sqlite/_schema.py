@@ -244,6 +244,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE rollouts ADD COLUMN consumed_by TEXT;
     ALTER TABLE rollouts ADD COLUMN pinned_at REAL;
     """,
+    # 9: the agent that made each model call (docs/multi-agent.md#agent-ids): `data.agent_id` of
+    # an event, NULL when it has none, for `GET /api/rollouts/{id}/events?agent_id=...`.
+    """
+    ALTER TABLE events ADD COLUMN agent_id TEXT;
+    CREATE INDEX events_by_agent ON events (rollout, attempt_id, agent_id, id) WHERE agent_id IS NOT NULL;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
