@@ -20,6 +20,7 @@ CALLS: list[tuple[str, str, frozenset[str]]] = [
     ("GET", "/api/info", frozenset({"reader", "controller", "trainer", "approver"})),
     ("GET", "/api/rollouts", frozenset({"reader", "controller", "trainer", "approver"})),
     ("HEAD", f"{R}/events", frozenset({"reader", "controller", "trainer", "approver"})),
+    ("GET", f"{R}/agents", frozenset({"reader", "controller", "trainer", "approver"})),
     ("GET", "/api/audit", frozenset({"reader", "controller", "trainer", "approver"})),
     (
         "GET",
@@ -38,6 +39,11 @@ CALLS: list[tuple[str, str, frozenset[str]]] = [
     ("GET", "/v1/traces", frozenset()),
     ("PATCH", R, frozenset({"controller", "trainer"})),
     ("POST", PROXY, frozenset({"controller", "trainer"})),
+    (
+        "POST",
+        "/proxy/rollout/r1/attempt/2/mode/train/agent/planner/openai/v1/chat/completions",
+        frozenset({"controller", "trainer"}),
+    ),
     ("GET", "/proxy/rollout/r1/attempt/2/mode/val/openai/v1/models", frozenset({"controller", "trainer"})),
     ("POST", "/api/rollouts", frozenset({"trainer"})),
     ("POST", f"{R}/replay", frozenset({"trainer"})),
