@@ -31,7 +31,8 @@ class Triplet:
     triplet's `prompt_ids` + `response_ids` (it built them in one id buffer, `keraunos.prefix`);
     False says nothing either way. `untrained` are positions of `response_ids` that must not train
     (a redaction placeholder's ids, docs/lifecycle.md#redaction); the reader sets it only on a
-    triplet without alternatives.
+    triplet without alternatives. `agent_id` is the agent that made the call, as the proxy
+    recorded it (None: untagged; docs/multi-agent.md#agent-ids).
     """
 
     prompt_ids: np.ndarray
@@ -41,6 +42,7 @@ class Triplet:
     alternatives: tuple[Sample, ...] = ()
     extends_previous: bool = False
     untrained: np.ndarray | None = None
+    agent_id: str | None = None
 
     @property
     def samples(self) -> tuple[Sample, ...]:
@@ -71,7 +73,8 @@ class CompletedRollout:
     `reward` is the value training uses (the last reward event, or the configured fill value when
     the collector's policy says so); `group_id` groups the siblings of one dataset row. `rewards`
     are the rewards posted during it, in order, with their positions; empty when `reward` was
-    filled in (a failed rollout trained, or none posted).
+    filled in (a failed rollout trained, or none posted). `agent_id` is set on one agent's view of
+    a rollout (`keraunos.training.agents.select_agents`): its triplets are that agent's calls.
     """
 
     rollout_id: str
@@ -80,6 +83,14 @@ class CompletedRollout:
     reward: float
     succeeded: bool = True
     rewards: tuple[PositionedReward, ...] = ()
+    agent_id: str | None = None
+
+    @property
+    def baseline_group(self) -> str:
+        """The group whose rewards baseline this rollout's advantage: its `group_id`, or, for one
+        agent's view, that agent's calls among the group's rollouts (an agent is compared with
+        itself in its siblings, not with another agent of the same rollout)."""
+        return self.group_id if self.agent_id is None else f"{self.group_id}\x1fagent:{self.agent_id}"
 
     @property
     def model_versions(self) -> list[int]:

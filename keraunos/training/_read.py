@@ -9,7 +9,8 @@ value of the last `reward` event that has a finite number; given a `reward_versi
 of the last `reward_version` event of that version instead (`keraunos rereward`,
 docs/lifecycle.md#re-reward), and a rollout without one has no reward. Every such reward is also
 kept with its position (`ReadResult.rewards`: the index of the triplet it follows, 0 before any),
-for credit assignment over intermediate rewards (docs/multi-agent.md#intermediate-rewards). Delta
+for credit assignment over intermediate rewards (docs/multi-agent.md#intermediate-rewards); each
+triplet keeps the `agent_id` its call was recorded with (docs/multi-agent.md#agent-ids). Delta
 prompts (`{"prefix_of", "prefix_len", "suffix"}`, see `keraunos.ledger.codec._triplet_delta`) are resolved against the earlier
 events of the same list, into one id buffer per chain (`keraunos.prefix`): a call that continues
 its source call exactly adds only its suffix and response, and its prompt is a view. A triplet
@@ -166,6 +167,7 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
                 alternatives=tuple(samples),
                 extends_previous=link.extends_previous and last_kept is not None and call.source == last_kept,
                 untrained=untrained,
+                agent_id=_agent(call.data.get("agent_id")),
             )
         )
         placed.append(index)
@@ -284,6 +286,11 @@ def _masked(data: dict[str, Any], response: np.ndarray | None) -> tuple[np.ndarr
     ):
         return None, False
     return (positions if positions.size else None), True
+
+
+def _agent(value: Any) -> str | None:
+    """A call's recorded `agent_id` (a string the proxy checked), else None: untagged."""
+    return value if isinstance(value, str) and value else None
 
 
 def _several_choices(data: dict[str, Any]) -> bool:

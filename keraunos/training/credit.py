@@ -87,7 +87,7 @@ def call_advantages(
     """
     sizes = [len(r.triplets) for r in rollouts]
     if credit == "final":
-        adv = rollout_advantages([r.reward for r in rollouts], [r.group_id for r in rollouts], config)
+        adv = rollout_advantages([r.reward for r in rollouts], [r.baseline_group for r in rollouts], config)
         per_call = [np.full(n, a, dtype=np.float32) for n, a in zip(sizes, adv.advantages, strict=True)]
         return CallAdvantages(per_call, dict(adv.metrics))
     returns = [call_returns(call_rewards(r), credit, gamma) for r in rollouts]
@@ -95,13 +95,15 @@ def call_advantages(
     groups = equal = singleton = 0
     for t in range(max(sizes, default=0)):
         at = [i for i, n in enumerate(sizes) if n > t]
-        adv = rollout_advantages([returns[i][t] for i in at], [rollouts[i].group_id for i in at], config)
+        adv = rollout_advantages(
+            [returns[i][t] for i in at], [rollouts[i].baseline_group for i in at], config
+        )
         for i, value in zip(at, adv.advantages, strict=True):
             per_call[i][t] = value
         groups += int(adv.metrics["groups"])
         equal += int(adv.metrics["equal_reward_groups"])
         singleton += int(adv.metrics["singleton_groups"])
-    final = rollout_advantages([r.reward for r in rollouts], [r.group_id for r in rollouts], config)
+    final = rollout_advantages([r.reward for r in rollouts], [r.baseline_group for r in rollouts], config)
     every = np.concatenate(per_call) if per_call else np.zeros(0, dtype=np.float32)
     first = np.array([g[0] for g in returns if g.size], dtype=np.float64)
     metrics = {

@@ -5,6 +5,7 @@ One step (`TrainingLoop.step`):
 1. collect a batch of complete rollout groups (`RolloutCollector.collect`);
 2. build training rows (`build_rows`) and one advantage per rollout (`rollout_advantages`), or,
    with `credit` other than `final`, one per call put on that call's ids (`keraunos.training.credit`);
+   with `agents`, from each selected agent's calls alone (`keraunos.training.agents`);
 3. pause the gateway and wait for the model calls in flight (`pause_and_drain`);
 4. one policy update (`Trainer.update`);
 5. publish the new weights to the serving side (`Trainer.publish`: the version goes up by one);
@@ -43,6 +44,7 @@ from keraunos._metrics_http import MetricsServerError
 from keraunos.errors import KeraunosError
 from keraunos.training._data import CompletedRollout
 from keraunos.training.advantages import AdvantageConfig, rollout_advantages
+from keraunos.training.agents import select_agents
 from keraunos.training.collect import CollectedBatch, RolloutCollector
 from keraunos.training.credit import call_advantages, call_token_advantages
 from keraunos.training.dataset import endless_rows, read_dataset
@@ -113,12 +115,21 @@ class TrainingLoop:
 
         t0 = time.perf_counter()
         rollouts = batch.rollouts
-        built = build_rows(rollouts, self.rows_config, tokenizer=self.trainer.tokenizer)
+        # With `agents`, one view per selected agent of each rollout: only its calls become rows.
+        selection = (
+            select_agents(rollouts, self.config.agents, self.config.agent_advantage)
+            if self.config.agents
+            else None
+        )
+        trained = selection.views if selection is not None else rollouts
+        built = build_rows(trained, self.rows_config, tokenizer=self.trainer.tokenizer)
         rows_metrics = dict(built.metrics)
+        if selection is not None:
+            rows_metrics.update(selection.metrics)
         if rollouts:
             # The fewest model calls of one rollout (a multi-turn agent's promise, checked per rollout).
             rows_metrics["min_calls_per_rollout"] = float(min(len(r.triplets) for r in rollouts))
-        advantages, advantage_metrics = self._advantages(rollouts, built.rows)
+        advantages, advantage_metrics = self._advantages(trained, built.rows)
         timings["rows"] = time.perf_counter() - t0
 
         train: dict[str, float] = {}
@@ -153,7 +164,7 @@ class TrainingLoop:
         per-call ones (docs/multi-agent.md#intermediate-rewards); and their metrics."""
         if self.config.credit == "final":
             adv = rollout_advantages(
-                [r.reward for r in rollouts], [r.group_id for r in rollouts], self.advantage_config
+                [r.reward for r in rollouts], [r.baseline_group for r in rollouts], self.advantage_config
             )
             return adv.advantages, adv.metrics
         calls = call_advantages(

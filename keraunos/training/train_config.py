@@ -9,10 +9,10 @@ config answer at once.
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from keraunos._settings import LayeredSettings
 from keraunos.hooks import checked_hook_path
@@ -20,6 +20,7 @@ from keraunos.protocol import ID_MAX_LENGTH, ID_RE, ID_RULE
 from keraunos.release.plan_input import StartPlan, release_fields_plan
 from keraunos.training._outcome import FailedPolicy
 from keraunos.training.advantages import Estimator
+from keraunos.training.agents import PATTERN_CHARS, AgentAdvantage, is_pattern
 from keraunos.training.credit import Credit
 from keraunos.training.trajectories import Level
 
@@ -60,6 +61,13 @@ class TrainConfig(LayeredSettings):
         "(config.local.env_map); empty: none.",
     )
     agent_timeout_s: int = Field(default=600, ge=1, description="Timeout of one agent run (one attempt).")
+    agents: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Train only these agents' calls: agent ids or shell-style patterns (solver, "
+        "sub-*), comma-separated (a YAML list too); each agent's calls merge among themselves, the "
+        "others' turns are observation. Empty: every call, untagged ones too "
+        "(docs/multi-agent.md#training-chosen-agents).",
+    )
 
     # -- the policy and where it is served ------------------------------------------------------------
     model: str = Field(default="", description="Directory of the Hugging Face causal LM to train.")
@@ -186,6 +194,12 @@ class TrainConfig(LayeredSettings):
     )
     credit_gamma: float = Field(
         default=1.0, ge=0.0, le=1.0, description="return_to_go: the discount per call (1 = none)."
+    )
+    agent_advantage: AgentAdvantage = Field(
+        default="rollout",
+        description="With agents: whose reward trains each agent's calls: rollout (the rollout's, "
+        "every agent alike) or agent (its own: the last reward posted with its agent_id, else the "
+        "rollout's); the baseline is per agent either way.",
     )
     level: Level = Field(
         default="trajectory",
@@ -375,6 +389,21 @@ class TrainConfig(LayeredSettings):
         description="Seconds a hook call may take; past it the call is logged and abandoned.",
     )
 
+    @field_validator("agents", mode="before")
+    @classmethod
+    def _split_agents(cls, value: Any) -> Any:
+        return [a.strip() for a in value.split(",") if a.strip()] if isinstance(value, str) else value
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            # A literal must be an id the proxy records; a pattern may hold *, ? and [...] too.
+            bare = "".join("x" if c in PATTERN_CHARS else c for c in name)
+            if len(name) > ID_MAX_LENGTH or not ID_RE.match(bare):
+                raise ValueError(f"{name!r} is no agent id nor a pattern of one: {ID_RULE}")
+        return list(dict.fromkeys(value))
+
     @field_validator("hook_on_enqueue", "hook_on_success", "hook_on_failure")
     @classmethod
     def _hook_loads(cls, value: str) -> str:
@@ -452,6 +481,12 @@ class TrainConfig(LayeredSettings):
                     f"publish_resource {self.publish_resource!r} points at: set keep_checkpoints: 0"
                 )
             self.keep_checkpoints = 0
+        patterns = [name for name in self.agents if is_pattern(name)]
+        if self.lora_rank and patterns:
+            raise ValueError(
+                f"agents {patterns[0]!r} is a pattern: a LoRA run registers its adapter's endpoints "
+                "for each selected agent by name, and a pattern names no agent yet; list the agents"
+            )
         if self.lora_rank and not self.lora_targets:
             raise ValueError("lora_target_modules names no module: give comma-separated layer names")
         if self.async_batch_size is not None and self.async_batch_size < self.batch_size:

@@ -94,9 +94,11 @@ def trim_parts(
 
 
 def trim_reward(data: dict[str, Any]) -> dict[str, Any]:
-    """Reduce `reward` data to `{value, source?, reason?}`; a missing value becomes None."""
+    """Reduce `reward` data to `{value, source?, reason?, agent_id?, turn?}`; a missing value
+    becomes None. `agent_id` and `turn` (keraunos extension `agent-ids`) say whose reward it is and
+    of which turn: a trainer credits an agent with its own rewards (docs/multi-agent.md)."""
     out = {"value": data.get("value")}
-    for key in ("source", "reason"):
+    for key in ("source", "reason", "agent_id", "turn"):
         if key in data:
             out[key] = data[key]
     return out
