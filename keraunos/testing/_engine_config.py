@@ -107,6 +107,12 @@ class EngineConfig(LayeredSettings):
         default=32, ge=1, description="Most recent request bodies kept for GET /mock/stats."
     )
     log_level: LogLevel = Field(default="warning", description="Least severe log level written to stderr.")
+    script: str = Field(
+        default="",
+        description="YAML or JSON file of scripted chat replies: a list of {when, reply} rules, the first "
+        "match wins (when: contains/regex of the last message's text, role, model; reply: text and/or "
+        "tool_calls [{name, arguments}]); unmatched requests get generated tokens.",
+    )
 
     @field_validator("error_style", "log_level", mode="before")
     @classmethod
@@ -124,6 +130,15 @@ class EngineConfig(LayeredSettings):
     @classmethod
     def _schedule_parses(cls, value: str) -> str:
         parse_schedule(value)  # raises ValueError naming the bad entry
+        return value
+
+    @field_validator("script")
+    @classmethod
+    def _script_loads(cls, value: str) -> str:
+        if value:
+            from keraunos.testing._engine_script import load_script
+
+            load_script(value)  # raises ConfigError naming the file and the bad rule
         return value
 
     @model_validator(mode="after")

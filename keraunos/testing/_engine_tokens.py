@@ -101,7 +101,7 @@ class Tokenizer:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise PromptError(f"messages[{position}] must be an object with a string 'role'")
             ids.append(self.role_ids.get(message["role"], other))
-            ids += self.encode(_message_text(message, position))
+            ids += self.encode(message_text(message, position))
         ids.append(self.role_ids["assistant"])
         return ids
 
@@ -194,6 +194,19 @@ class Tokenizer:
         chosen = top[0]
         return orjson.dumps({**chosen, "top_logprobs": top[:k]})
 
+    def piece_logprobs(self, pieces: list[tuple[str, list[int]]], k: int) -> bytes:
+        """JSON of `logprobs.content` entries of scripted text: each (text, ids) piece that is one
+        token is named by its text, as an engine names what it streamed; other ids by `w<id>`."""
+        entries = []
+        for text, ids in pieces:
+            for token in ids:
+                name = text if len(ids) == 1 else f" w{token}"
+                best, *others = self.top(token, max(k, 1))
+                top = [(name, best[1])] + [(f" w{t}", lp) for t, lp in others]
+                listed = [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in top]
+                entries.append({**listed[0], "top_logprobs": listed[:k]})
+        return orjson.dumps(entries)
+
     def completion_logprobs(self, ids: list[int], k: int, *, text_offset: int) -> dict[str, Any]:
         """The completions `logprobs` object of `ids` (`k` alternatives, at least the sampled one)."""
         cache = self._completion_entries.setdefault(k, {})
@@ -221,7 +234,9 @@ class Tokenizer:
         }
 
 
-def _message_text(message: dict[str, Any], position: int) -> str:
+def message_text(message: dict[str, Any], position: int) -> str:
+    """The text a message's prompt ids are the words of: its content's text, then each tool call's
+    name and arguments (`position` names the message in the error of a malformed content)."""
     content = message.get("content")
     if content is None:
         text = ""

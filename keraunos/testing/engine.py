@@ -15,6 +15,10 @@ Tests steer it at runtime without restarts:
   `by_path` every request outside /mock, and the last `keep_requests` model requests are kept as
   `{method, path, headers, body}` (body null when it was not JSON), oldest first.
 
+With `--script FILE` (`_engine_script`), chat requests that match a rule of the file get its
+scripted reply (text and/or tool calls, streamed as vLLM streams tool calls, with token ids and
+logprobs like any reply); the others get generated tokens as without it.
+
 It is a raw ASGI app (no framework) with orjson and cached JSON pieces, cheap enough never to be a
 benchmark's bottleneck. A dropped connection needs the server's transport, which uvicorn's `send`
 carries; under other servers a drop falls back to raising, which also closes the connection.
@@ -39,6 +43,7 @@ from keraunos.serving.requests import (
 )
 from keraunos.testing._engine_config import EngineConfig, EngineConfigError
 from keraunos.testing._engine_faults import FaultPlan, FaultSpecError, fault_from_json, parse_schedule
+from keraunos.testing._engine_script import ScriptReply, load_script, reply_pieces
 from keraunos.testing._engine_tokens import PromptError, Tokenizer
 
 __all__ = ["EngineApp", "EngineConfig", "EngineConfigError", "create_engine_app"]
@@ -124,6 +129,7 @@ class _Generation:
         "n",
         "prompts",
         "return_ids",
+        "scripted",
         "seed",
         "stream",
         "temperature",
@@ -142,6 +148,7 @@ class _Generation:
         self.include_usage = False
         self.return_ids = False
         self.logprobs: int | None = None  # number of alternatives, None = no logprobs
+        self.scripted: ScriptReply | None = None  # the reply of the first matching script rule
 
 
 class EngineApp:
@@ -162,6 +169,7 @@ class EngineApp:
             die_after_chunks=config.die_after_chunks,
         )
         self.stats = _Stats(config.keep_requests)
+        self.script = load_script(config.script) if config.script else None
         self._natural = (config.min_response_tokens, config.max_response_tokens)
         self._routes = {
             "/v1/chat/completions": ("POST", self._chat),
@@ -224,6 +232,9 @@ class EngineApp:
             await self._send_error(send, exc.status, exc.message)
             return
         die_after = fault.die_after_chunks if fault is not None else None
+        if generation.scripted is not None:
+            await self._scripted(generation, send, receive, die_after=die_after)
+            return
         if generation.stream:
             await self._stream(generation, send, receive, chat=chat, die_after=die_after)
             return
@@ -285,6 +296,8 @@ class EngineApp:
         gen.include_usage = options.include_usage
         gen.return_ids = options.return_token_ids
         gen.logprobs = options.logprobs
+        if chat and self.script is not None:
+            gen.scripted = self.script.reply_for(body["messages"], model)
         return gen
 
     def _sample_all(self, gen: _Generation) -> list[tuple[list[int], str]]:
@@ -475,6 +488,133 @@ class EngineApp:
             return
         if not await emit(_DONE):
             return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _scripted(self, gen: _Generation, send: Any, receive: Any, *, die_after: int | None) -> None:
+        """A scripted chat reply, whole or streamed as a real engine streams one: text word by word,
+        each tool call's id and name in one delta and its arguments in pieces, every chunk with the
+        `token_ids` (and logprobs) of what it carries. Sent whole whatever `max_tokens` says."""
+        reply = gen.scripted
+        assert reply is not None
+        tokenizer = self.tokenizer
+        choices = []
+        for _ in range(gen.n):
+            call_ids = [f"chatcmpl-tool-{uuid.uuid4().hex}" for _ in reply.tool_calls]
+            pieces = reply_pieces(reply, call_ids)
+            choices.append((call_ids, [(delta, text, tokenizer.encode(text)) for delta, text in pieces]))
+        completion_tokens = sum(len(ids) for _, pieces in choices for _, _, ids in pieces)
+        prompt_tokens = len(gen.prompts[0])
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+        }
+        head = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk" if gen.stream else "chat.completion",
+            "created": int(time.time()),
+            "model": gen.model,
+        }
+
+        def logprobs(pieces: list[tuple[str, list[int]]]) -> Any:
+            if gen.logprobs is None:
+                return None
+            return {"content": orjson.Fragment(tokenizer.piece_logprobs(pieces, gen.logprobs))}
+
+        if self.config.latency_ms:
+            await asyncio.sleep(self.config.latency_ms / 1000)
+        if not gen.stream:
+            if self.config.inter_token_ms:
+                await asyncio.sleep(self.config.inter_token_ms * completion_tokens / gen.n / 1000)
+            listed = []
+            for index, (call_ids, pieces) in enumerate(choices):
+                calls = [
+                    {
+                        "id": ident,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments_text},
+                    }
+                    for ident, call in zip(call_ids, reply.tool_calls, strict=True)
+                ]
+                choice: dict[str, Any] = {
+                    "index": index,
+                    "message": {
+                        "role": "assistant",
+                        "content": reply.text,
+                        **_CHAT_MESSAGE_EXTRAS,
+                        "tool_calls": calls,
+                    },
+                    "logprobs": logprobs([(text, ids) for _, text, ids in pieces]),
+                    "finish_reason": reply.finish_reason,
+                    "stop_reason": None,
+                }
+                if gen.return_ids:
+                    choice["token_ids"] = [i for _, _, ids in pieces for i in ids]
+                listed.append(choice)
+            response: dict[str, Any] = {
+                **head,
+                "choices": listed,
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "prompt_logprobs": None,
+            }
+            if gen.return_ids:
+                response["prompt_token_ids"] = gen.prompts[0]
+            response["kv_transfer_params"] = None
+            data = orjson.dumps(response)
+            await send({"type": "http.response.start", "status": 200, "headers": _headers(_JSON, len(data))})
+            if die_after is not None:
+                await send({"type": "http.response.body", "body": data[: len(data) // 2], "more_body": True})
+                await _close_connection(send, receive)
+                return
+            await send({"type": "http.response.body", "body": data})
+            return
+
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        events: list[dict[str, Any] | bytes] = []
+        for index in range(len(choices)):
+            opening: dict[str, Any] = {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if gen.return_ids:
+                opening["prompt_token_ids"] = gen.prompts[0]
+            events.append(opening)
+        for index, (_, pieces) in enumerate(choices):
+            for number, (delta, text, ids) in enumerate(pieces):
+                last = number == len(pieces) - 1
+                piece: dict[str, Any] = {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": logprobs([(text, ids)]),
+                    "finish_reason": reply.finish_reason if last else None,
+                }
+                if last:
+                    piece["stop_reason"] = None
+                if gen.return_ids:
+                    piece["token_ids"] = ids
+                events.append({**head, "choices": [piece]})
+        if gen.include_usage:
+            events.append({**head, "choices": [], "usage": usage})
+        events.append(_DONE)
+        inter_token = self.config.inter_token_ms / 1000
+        for sent, event in enumerate(events):
+            if die_after is not None and sent >= die_after:
+                await _close_connection(send, receive)
+                return
+            if sent and inter_token:
+                await asyncio.sleep(inter_token)
+            data = event if isinstance(event, bytes) else b"data: " + orjson.dumps(event) + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # -- informational endpoints -------------------------------------------------------------------
