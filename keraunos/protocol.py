@@ -360,12 +360,18 @@ class Model(BaseModel):
     `served_as` (keraunos extension) is the model name the proxy sends upstream instead of its
     served model's: the LoRA adapter that serves `version` on that engine. Absent (None) it is
     left out of every answer, so v1.0 clients see v1.0's shape.
+
+    `agent_id` (keraunos extension, docs/multi-agent.md#per-agent-endpoints) makes the endpoint
+    serve only the calls of that agent, so one engine can host each agent's adapter: registrations
+    are then keyed by (model, endpoint, agent_id), and None (untagged, left out of answers too)
+    serves the calls of agents that have no endpoint of their own.
     """
 
     model: str
     endpoint: str
     version: Int64 = 0
     served_as: str | None = Field(default=None, min_length=1, max_length=256, exclude_if=lambda v: v is None)
+    agent_id: Id | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ServerInfo(BaseModel):

@@ -3,7 +3,8 @@
 SQLite and PostgreSQL keep a rollout in the same columns (`ROLLOUT_COLUMNS`): the input, config and
 metadata as the codec's exact JSON, the status fields as plain columns. This module turns a
 `RolloutCreate` into those values and a row back into a `Rollout`, and says which states a patch
-may move a rollout out of, so the backends differ only in their SQL.
+may move a rollout out of, so the backends differ only in their SQL. A model endpoint's row
+(`registered_model`) is read back here too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from keraunos.ledger.base import AttemptFence
 from keraunos.ledger.codec import decode_json, encode_json
 from keraunos.protocol import (
     AttemptState,
+    Model,
     Rollout,
     RolloutConfig,
     RolloutCreate,
@@ -157,4 +159,12 @@ def fence_from_row(row: Any) -> AttemptFence:
         RolloutState(rollout_state),
         last_attempt_id,
         None if attempt_state is None else AttemptState(attempt_state),
+    )
+
+
+def registered_model(model: str, endpoint: str, version: int, served_as: str | None, agent_id: str) -> Model:
+    """A `Model` from a row of `models` (model, endpoint, version, served_as, agent_id), whose
+    untagged endpoints are stored with agent_id '' (a UNIQUE key holds NULLs distinct)."""
+    return Model(
+        model=model, endpoint=endpoint, version=version, served_as=served_as, agent_id=agent_id or None
     )

@@ -401,15 +401,18 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
-        """Insert or replace endpoints keyed by (model, endpoint); returns them in order."""
+        """Insert or replace endpoints keyed by (model, endpoint, agent_id); returns them in order."""
 
     @abc.abstractmethod
     async def list_models(self, model: str | None = None) -> list[Model]:
         """Registered endpoints, all or of one model name, in registration order."""
 
     @abc.abstractmethod
-    async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
-        """Delete endpoints matching the given filters (none = all); returns how many went."""
+    async def delete_models(
+        self, model: str | None = None, endpoint: str | None = None, agent_id: str | None = None
+    ) -> int:
+        """Delete endpoints matching the given filters (none = all; `agent_id` matches only the
+        registrations for that agent); returns how many went."""
 
     # -- resources, labels and the audit log (docs/protocol.md#resources) ------------------------
     # Every change here appends its audit entry (keraunos.audit) in the change's own transaction:

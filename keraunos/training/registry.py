@@ -3,7 +3,11 @@ with the policy version they serve (`POST /api/models`), and remove them when th
 
 A LoRA run registers each endpoint with `served_as`, the name of the adapter of that version
 (`adapter_name`): the gateway sends it upstream as the model of every call, so the engine serves
-the call with that adapter (docs/protocol.md, "Model endpoints")."""
+the call with that adapter (docs/protocol.md, "Model endpoints").
+
+A trainer of one agent's adapter registers its endpoints for that agent only (`agent_ids`): the
+gateway then serves that agent's calls, and only those, from them
+(docs/multi-agent.md#per-agent-endpoints)."""
 
 from __future__ import annotations
 
@@ -40,22 +44,43 @@ class EndpointRegistry:
         self.model = model
         self._client = httpx.AsyncClient(base_url=gateway, headers=headers, timeout=timeout_s)
 
-    async def register(self, endpoints: Sequence[str], version: int, served_as: str | None = None) -> None:
+    async def register(
+        self,
+        endpoints: Sequence[str],
+        version: int,
+        served_as: str | None = None,
+        agent_ids: Sequence[str] = (),
+    ) -> None:
         """Upsert every endpoint with `version` (the proxy picks it up at once), and with the
-        adapter name `served_as` that serves that version, when there is one."""
+        adapter name `served_as` that serves that version, when there is one: once per agent of
+        `agent_ids`, so that it serves only their calls, or untagged when there are none."""
         extra = {"served_as": served_as} if served_as else {}
-        body = [{"model": self.model, "endpoint": e, "version": version, **extra} for e in endpoints]
+        tags: Sequence[dict[str, str]] = [{"agent_id": a} for a in agent_ids] or [{}]
+        body = [
+            {"model": self.model, "endpoint": e, "version": version, **extra, **tag}
+            for e in endpoints
+            for tag in tags
+        ]
         response = await self._client.post("/api/models", json=body)
         if response.status_code != 201:
             raise TrainError(f"POST /api/models: HTTP {response.status_code}: {response.text[:200]}")
 
-    async def unregister(self, endpoints: Sequence[str]) -> None:
-        """Remove the endpoints (the run's server is going away); errors are logged, not raised."""
+    async def unregister(self, endpoints: Sequence[str], agent_ids: Sequence[str] = ()) -> None:
+        """Remove the endpoints (the run's server is going away): their registrations for
+        `agent_ids` only when given (another trainer may serve other agents from the same engine),
+        else every registration of them. Errors are logged, not raised."""
+        agents: Sequence[str | None] = list(agent_ids) or [None]
         for endpoint in endpoints:
-            try:
-                await self._client.delete("/api/models", params={"model": self.model, "endpoint": endpoint})
-            except httpx.HTTPError as exc:
-                log.warning("could not unregister endpoint", endpoint=endpoint, error=repr(exc))
+            for agent_id in agents:
+                params = {"model": self.model, "endpoint": endpoint}
+                if agent_id is not None:
+                    params["agent_id"] = agent_id
+                try:
+                    await self._client.delete("/api/models", params=params)
+                except httpx.HTTPError as exc:
+                    log.warning(
+                        "could not unregister endpoint", endpoint=endpoint, agent_id=agent_id, error=repr(exc)
+                    )
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -26,13 +26,13 @@ _OK = b'{"status":"ok"}'
 @router.post(
     "",
     status_code=201,
-    summary="Register model endpoints (upsert by model and endpoint)",
+    summary="Register model endpoints (upsert by model, endpoint and agent_id)",
     response_model=None,
     responses={201: {"model": list[Model], "description": "The endpoints as stored, in order."}},
     openapi_extra=json_body_doc("Model", many=True),
 )
 async def upsert_models(request: Request) -> Response:
-    """Insert or replace each endpoint, keyed by (model, endpoint)."""
+    """Insert or replace each endpoint, keyed by (model, endpoint, agent_id)."""
     models = await read_body(request, _MODELS)
     try:
         stored = await ledger_of(request).upsert_models(models)
@@ -50,9 +50,13 @@ async def upsert_models(request: Request) -> Response:
 async def list_models(
     request: Request,
     model: Annotated[str | None, Query(description="Only endpoints of this model name.")] = None,
+    agent_id: Annotated[str | None, Query(description="Only endpoints registered for this agent.")] = None,
 ) -> Response:
-    """Registered endpoints, all or those of one model name."""
-    return json_response(_MODELS.dump_json(await ledger_of(request).list_models(model)))
+    """Registered endpoints, all or those of one model name and/or agent."""
+    models = await ledger_of(request).list_models(model)
+    if agent_id is not None:  # a handful of rows: filtered here, not in SQL
+        models = [m for m in models if m.agent_id == agent_id]
+    return json_response(_MODELS.dump_json(models))
 
 
 @router.delete(
@@ -65,10 +69,11 @@ async def delete_models(
     request: Request,
     model: Annotated[str | None, Query(description="Only endpoints of this model name.")] = None,
     endpoint: Annotated[str | None, Query(description="Only this endpoint URL.")] = None,
+    agent_id: Annotated[str | None, Query(description="Only the registrations for this agent.")] = None,
 ) -> Response:
     """Without filters remove every endpoint (Agent Lightning v1.0); with filters only the matches."""
     try:
-        await ledger_of(request).delete_models(model, endpoint)
+        await ledger_of(request).delete_models(model, endpoint, agent_id)
     finally:
         caches_of(request).models_changed()
     return json_response(_OK)

@@ -42,7 +42,7 @@ from keraunos.gateway.proxy.record import (
     model_request_data,
 )
 from keraunos.gateway.proxy.replay import answer_replay, replay_source
-from keraunos.gateway.proxy.routing import current_policy, pinned_policy
+from keraunos.gateway.proxy.routing import agent_endpoints, current_policy, pinned_policy
 from keraunos.gateway.proxy.shaping import Sampling, shape_request
 from keraunos.gateway.proxy.state import ProxyState
 from keraunos.gateway.proxy.stream import (
@@ -281,11 +281,13 @@ async def _forward(
             temperature=temperature, source_id=replay_of, agent_id=agent_id,
         )  # fmt: skip
     config = state.config
-    endpoints = await state.endpoints.endpoints(config.served_model)
+    # An agent's own endpoints when it has some, else the untagged ones (docs/multi-agent.md).
+    endpoints = agent_endpoints(await state.endpoints.endpoints(config.served_model), agent_id)
     if not endpoints:
         return gateway_error(
             503,
-            f"No endpoint is registered for the served model {config.served_model!r}; "
+            f"No endpoint is registered for the served model {config.served_model!r}"
+            f"{'' if agent_id is None else f' that serves agent {agent_id!r} or untagged calls'}; "
             "register one with POST /api/models",
         )
     pins = await state.pins.of(rollout_id)

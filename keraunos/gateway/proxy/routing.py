@@ -5,6 +5,9 @@ to the highest-scoring endpoint. All calls of a rollout therefore land on one re
 cache stays warm), and adding or removing a replica moves only the rollouts that gain or lose it.
 An endpoint in cool-down (it timed out, refused a connection or answered 503) is skipped, so its
 rollouts fall over to their next choice, and come back once the cool-down ends.
+
+Before any of that, a call made by an agent is given only the endpoints it may use (`agent_endpoints`):
+those registered for its agent, else the untagged ones, never another agent's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,21 @@ def score(endpoint: str, rollout_id: str) -> int:
 def rank(rollout_id: str, endpoints: Iterable[str]) -> list[str]:
     """`endpoints` in the rollout's order of preference (ties, astronomically rare, by name)."""
     return sorted(endpoints, key=lambda endpoint: (score(endpoint, rollout_id), endpoint), reverse=True)
+
+
+def agent_endpoints(endpoints: Sequence[Model], agent_id: str | None) -> list[Model]:
+    """The endpoints a call of `agent_id` (None: an untagged call) may be served by.
+
+    An agent with endpoints registered for it (its own adapter, docs/multi-agent.md#per-agent-endpoints)
+    gets those; any other call gets the untagged endpoints. A call never reaches an endpoint
+    registered for another agent: that adapter is another agent's policy. `current_policy` and
+    `pinned_policy` then choose within this set.
+    """
+    if agent_id is not None:
+        own = [e for e in endpoints if e.agent_id == agent_id]
+        if own:
+            return own
+    return [e for e in endpoints if e.agent_id is None]
 
 
 def current_policy(endpoints: Sequence[Model], served_model: str) -> tuple[Sequence[Model], str]:

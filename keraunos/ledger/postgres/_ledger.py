@@ -40,6 +40,7 @@ from keraunos.ledger._rows import (
     group_id_of,
     insert_values,
     plain_parts,
+    registered_model,
     rollout_from_row,
     transition_sources,
 )
@@ -474,31 +475,38 @@ class PostgresLedger(Ledger):
     # -- model endpoints ------------------------------------------------------------------------
 
     async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
-        params = [(m.model, m.endpoint, m.version, m.served_as) for m in models]
+        # An untagged endpoint is stored with agent_id '' (migration step 8 says why).
+        params = [(m.model, m.endpoint, m.version, m.served_as, m.agent_id or "") for m in models]
         if params:
             # An update keeps the endpoint's original registration position (its row id).
             await self._pool.transaction(
                 lambda conn: conn.executemany(
-                    "INSERT INTO models (model, endpoint, version, served_as) VALUES ($1, $2, $3, $4) "
-                    "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version, "
+                    "INSERT INTO models (model, endpoint, version, served_as, agent_id) "
+                    "VALUES ($1, $2, $3, $4, $5) "
+                    "ON CONFLICT (model, endpoint, agent_id) DO UPDATE SET version = excluded.version, "
                     "served_as = excluded.served_as",
                     params,
                 )
             )
-        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in params]
+        return [registered_model(*row) for row in params]
 
     async def list_models(self, model: str | None = None) -> list[Model]:
         rows = await self._pool.fetch(
-            "SELECT model, endpoint, version, served_as FROM models WHERE $1::text IS NULL OR model = $1 ORDER BY id",
+            "SELECT model, endpoint, version, served_as, agent_id FROM models "
+            "WHERE $1::text IS NULL OR model = $1 ORDER BY id",
             model,
         )
-        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in rows]
+        return [registered_model(*row) for row in rows]
 
-    async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
+    async def delete_models(
+        self, model: str | None = None, endpoint: str | None = None, agent_id: str | None = None
+    ) -> int:
         status = await self._pool.execute(
-            "DELETE FROM models WHERE ($1::text IS NULL OR model = $1) AND ($2::text IS NULL OR endpoint = $2)",
+            "DELETE FROM models WHERE ($1::text IS NULL OR model = $1) AND ($2::text IS NULL OR endpoint = $2) "
+            "AND ($3::text IS NULL OR agent_id = $3)",
             model,
             endpoint,
+            agent_id,
         )
         return row_count(status)
 

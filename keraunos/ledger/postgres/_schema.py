@@ -329,6 +329,14 @@ MIGRATIONS: tuple[str, ...] = (
         RETURN new_id;
     END $$;
     """,
+    # 8: endpoints registered for one agent (SQLite's step 10, docs/multi-agent.md#per-agent-endpoints):
+    # the key becomes (model, endpoint, agent_id), '' when untagged (a UNIQUE constraint holds
+    # NULLs distinct, and an untagged upsert must replace the untagged row).
+    """
+    ALTER TABLE models ADD COLUMN agent_id text NOT NULL DEFAULT '';
+    ALTER TABLE models DROP CONSTRAINT models_model_endpoint_key;
+    ALTER TABLE models ADD CONSTRAINT models_model_endpoint_agent_id_key UNIQUE (model, endpoint, agent_id);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -44,6 +44,7 @@ from keraunos.ledger._rows import (
     fresh_rollout_id,
     insert_values,
     plain_parts,
+    registered_model,
     transition_sources,
 )
 from keraunos.ledger._rows import rollout_from_row as _rollout_from_row
@@ -645,36 +646,41 @@ class SqliteLedger(Ledger):
     # -- model endpoints ------------------------------------------------------------------------
 
     async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
-        params = [(m.model, m.endpoint, m.version, m.served_as) for m in models]
+        # An untagged endpoint is stored with agent_id '' (migration step 10 says why).
+        params = [(m.model, m.endpoint, m.version, m.served_as, m.agent_id or "") for m in models]
 
         def op(conn: sqlite3.Connection) -> None:
             # An update keeps the endpoint's original registration position (its row id).
             conn.executemany(
-                "INSERT INTO models (model, endpoint, version, served_as) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (model, endpoint) DO UPDATE SET version = excluded.version, "
+                "INSERT INTO models (model, endpoint, version, served_as, agent_id) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (model, endpoint, agent_id) DO UPDATE SET version = excluded.version, "
                 "served_as = excluded.served_as",
                 params,
             )
 
         await self._write(op)
-        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in params]
+        return [registered_model(*row) for row in params]
 
     async def list_models(self, model: str | None = None) -> list[Model]:
         rows = (
             self._inline_conn()
             .execute(
-                "SELECT model, endpoint, version, served_as FROM models WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
+                "SELECT model, endpoint, version, served_as, agent_id FROM models "
+                "WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
                 (model,),
             )
             .fetchall()
         )
-        return [Model(model=m, endpoint=e, version=v, served_as=a) for m, e, v, a in rows]
+        return [registered_model(*row) for row in rows]
 
-    async def delete_models(self, model: str | None = None, endpoint: str | None = None) -> int:
+    async def delete_models(
+        self, model: str | None = None, endpoint: str | None = None, agent_id: str | None = None
+    ) -> int:
         def op(conn: sqlite3.Connection) -> int:
             return conn.execute(
-                "DELETE FROM models WHERE (?1 IS NULL OR model = ?1) AND (?2 IS NULL OR endpoint = ?2)",
-                (model, endpoint),
+                "DELETE FROM models WHERE (?1 IS NULL OR model = ?1) AND (?2 IS NULL OR endpoint = ?2) "
+                "AND (?3 IS NULL OR agent_id = ?3)",
+                (model, endpoint, agent_id),
             ).rowcount
 
         return await self._write(op, savepoint=False)

@@ -250,6 +250,26 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE events ADD COLUMN agent_id TEXT;
     CREATE INDEX events_by_agent ON events (rollout, attempt_id, agent_id, id) WHERE agent_id IS NOT NULL;
     """,
+    # 10: endpoints registered for one agent (docs/multi-agent.md#per-agent-endpoints): the key
+    # becomes (model, endpoint, agent_id), so one engine URL may be registered untagged and once
+    # per agent. SQLite cannot change a table's constraints, so the table is rebuilt, keeping each
+    # row's id (its registration position). Untagged is '' rather than NULL: a UNIQUE constraint
+    # holds NULLs distinct, and an untagged upsert must replace the untagged row.
+    """
+    CREATE TABLE models_by_agent (
+        id        INTEGER PRIMARY KEY,            -- registration order
+        model     TEXT NOT NULL,
+        endpoint  TEXT NOT NULL,
+        version   INTEGER NOT NULL,
+        served_as TEXT,
+        agent_id  TEXT NOT NULL DEFAULT '',       -- '' when the endpoint serves untagged calls
+        UNIQUE (model, endpoint, agent_id)
+    );
+    INSERT INTO models_by_agent (id, model, endpoint, version, served_as)
+        SELECT id, model, endpoint, version, served_as FROM models;
+    DROP TABLE models;
+    ALTER TABLE models_by_agent RENAME TO models;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
