@@ -10,7 +10,7 @@ One step (`TrainingLoop.step`):
 4. one policy update (`Trainer.update`);
 5. publish the new weights to the serving side (`Trainer.publish`: the version goes up by one);
 6. re-register every endpoint of the served model with the new version (`POST /api/models`), so
-   the calls recorded from now on carry it;
+   the calls recorded from now on carry it (a LoRA run of chosen `agents`: for those agents only);
 7. resume the gateway.
 
 The run around it (`train`): read the dataset, start the embedded gateway and controller
@@ -227,13 +227,15 @@ class TrainingLoop:
                     # A replica that did not take the update leaves routing before anything resumes.
                     gone = [e for e in before if e not in self.trainer.endpoints]
                     if gone:
-                        await self.registry.unregister(gone)
+                        await self.registry.unregister(gone, self.config.registered_agents)
                         log.error("endpoints taken out of routing: they failed the update", endpoints=gone)
                 timings["swap"] = time.perf_counter() - t0
                 publish["replicas"] = float(len(self.trainer.endpoints))
                 publish["failed_replicas"] = float(len(gone))
                 t0 = time.perf_counter()
-                await self.registry.register(self.trainer.endpoints, version, served_as(self.trainer))
+                await self.registry.register(
+                    self.trainer.endpoints, version, served_as(self.trainer), self.config.registered_agents
+                )
                 timings["register"] = time.perf_counter() - t0
                 # Weight sync: from the update's end until every endpoint serves the new version.
                 timings["sync"] = timings["swap"] + timings["register"]
@@ -363,7 +365,9 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     registry = EndpointRegistry(gateway, key, config.served_model_name)
     try:
         watch()
-        await registry.register(trainer.endpoints, trainer.version, served_as(trainer))
+        await registry.register(
+            trainer.endpoints, trainer.version, served_as(trainer), config.registered_agents
+        )
         if publisher is not None and first:
             # The checkpoint resumed from, pushed again: a run killed before its push gets it
             # stored now, one that pushed it gets `created: false` (same content, nothing stored).
@@ -403,7 +407,7 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
             # The run is done; its final version goes out as a release (once per run, resumed or not).
             release = await publisher.start_release(config.steps, read_published(run_dir))
     finally:
-        await registry.unregister(trainer.endpoints)
+        await registry.unregister(trainer.endpoints, config.registered_agents)
         await registry.close()
         if publisher is not None:
             await publisher.close()

@@ -555,6 +555,13 @@ class TrainConfig(LayeredSettings):
         return tuple(name.strip() for name in self.lora_target_modules.split(",") if name.strip())
 
     @property
+    def registered_agents(self) -> list[str]:
+        """The agents the run's endpoints are registered for (docs/multi-agent.md#per-agent-endpoints):
+        with a LoRA adapter trained for chosen `agents`, those (its adapter serves their calls and
+        no other agent's); otherwise none, so the endpoints serve every agent's calls."""
+        return list(self.agents) if self.lora_rank else []
+
+    @property
     def agent_argv(self) -> list[str]:
         """`agent_command` split into arguments (empty when unset)."""
         return shlex.split(self.agent_command)

@@ -89,7 +89,9 @@ class Recorder:
         pass
 
     # registry
-    async def register(self, endpoints: list[str], version: int, served_as: str | None = None) -> None:
+    async def register(
+        self, endpoints: list[str], version: int, served_as: str | None = None, agent_ids: Any = ()
+    ) -> None:
         self.calls.append(f"register {endpoints} v{version}" + (f" as {served_as}" if served_as else ""))
 
 
