@@ -412,7 +412,7 @@ class Ledger(abc.ABC):
         self, model: str | None = None, endpoint: str | None = None, agent_id: str | None = None
     ) -> int:
         """Delete endpoints matching the given filters (none = all; `agent_id` matches only the
-        registrations for that agent); returns how many went."""
+        registrations for that agent, `''` only the untagged ones); returns how many went."""
 
     # -- resources, labels and the audit log (docs/protocol.md#resources) ------------------------
     # Every change here appends its audit entry (keraunos.audit) in the change's own transaction:

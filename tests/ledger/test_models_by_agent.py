@@ -70,7 +70,9 @@ async def test_delete_with_agent_id_removes_only_that_agents_registration_and_wi
         (other, "solver"),
     ]
     assert await ledger.delete_models(agent_id="solver") == 1
-    assert await ledger.delete_models("policy", ENGINE) == 2
+    assert await ledger.delete_models("policy", ENGINE, "") == 1  # '': the untagged registration only
+    assert [m.agent_id for m in await ledger.list_models()] == ["checker"]
+    assert await ledger.delete_models("policy", ENGINE) == 1
     assert await ledger.list_models() == []
 
 

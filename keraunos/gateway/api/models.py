@@ -50,12 +50,14 @@ async def upsert_models(request: Request) -> Response:
 async def list_models(
     request: Request,
     model: Annotated[str | None, Query(description="Only endpoints of this model name.")] = None,
-    agent_id: Annotated[str | None, Query(description="Only endpoints registered for this agent.")] = None,
+    agent_id: Annotated[
+        str | None, Query(description="Only endpoints registered for this agent; empty: only untagged ones.")
+    ] = None,
 ) -> Response:
     """Registered endpoints, all or those of one model name and/or agent."""
     models = await ledger_of(request).list_models(model)
     if agent_id is not None:  # a handful of rows: filtered here, not in SQL
-        models = [m for m in models if m.agent_id == agent_id]
+        models = [m for m in models if m.agent_id == (agent_id or None)]
     return json_response(_MODELS.dump_json(models))
 
 
@@ -69,7 +71,9 @@ async def delete_models(
     request: Request,
     model: Annotated[str | None, Query(description="Only endpoints of this model name.")] = None,
     endpoint: Annotated[str | None, Query(description="Only this endpoint URL.")] = None,
-    agent_id: Annotated[str | None, Query(description="Only the registrations for this agent.")] = None,
+    agent_id: Annotated[
+        str | None, Query(description="Only the registrations for this agent; empty: only untagged ones.")
+    ] = None,
 ) -> Response:
     """Without filters remove every endpoint (Agent Lightning v1.0); with filters only the matches."""
     try:

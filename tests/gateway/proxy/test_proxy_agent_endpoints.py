@@ -163,6 +163,7 @@ def test_the_model_list_shows_each_registrations_agent_and_filters_by_it(agents_
             "checker-v1"
         ]
         assert api.get("/api/models", params={"agent_id": "judge"}).json() == []
+        assert api.get("/api/models", params={"agent_id": ""}).json() == listed[:1]  # empty: untagged only
         assert "agent-endpoints" in api.get("/api/info").json()["features"]
 
 
@@ -205,3 +206,6 @@ def test_deleting_one_agents_registration_sends_its_calls_back_to_the_untagged_e
         assert [m.get("agent_id") for m in api.get("/api/models").json()] == [None, "checker"]
     assert _call(gateway, rollout, "solver", two_adapter_engine) == SERVED_MODEL
     assert _call(gateway, rollout, "checker", two_adapter_engine) == "checker-v1"
+    with gateway.client() as api:  # an empty agent_id names the untagged registrations only
+        assert api.delete("/api/models", params={"agent_id": ""}).status_code == 200
+        assert [m.get("agent_id") for m in api.get("/api/models").json()] == ["checker"]
