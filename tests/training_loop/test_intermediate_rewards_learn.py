@@ -7,7 +7,8 @@ back with the same seeds and steps, once per credit. The agent makes three calls
 posts, with the SDK, one reward right after each (the digit share of that turn's reply), then an
 outcome of 1.0 whatever happened: the final reward carries no signal, the per-turn ones all of it.
 The per-turn success is read back from the run's ledger: the mean of the rewards posted with a
-`turn`, per step.
+`turn`, per step; the ledger also shows each turn's reward positioned after its own call, as the
+trainer reads it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 from keraunos.testing.processes import clean_env, keraunos_command, start_gateway
+from keraunos.training._read import read_events_json
 
 STEPS = 6
 GROUP_SIZE = 4
@@ -91,6 +93,16 @@ def per_turn_success(tmp_path: Path, run_dir: Path) -> list[float]:
                 ).json()
                 turns = [e["data"] for e in events if "turn" in e["data"]]
                 assert [d["turn"] for d in turns] == list(range(TURNS))
+                # As the trainer reads them, each turn's reward follows its own call.
+                triplets = api.get(
+                    f"/api/rollouts/{rollout['rollout_id']}/events", params={"format": "triplet"}
+                )
+                read = read_events_json(triplets.content)
+                assert len(read.triplets) == TURNS
+                assert [(r.after_call, r.turn) for r in read.rewards] == [
+                    *((turn, turn) for turn in range(TURNS)),
+                    (TURNS - 1, None),
+                ]
                 shares.setdefault(rollout["metadata"]["batch_idx"], []).extend(d["value"] for d in turns)
     finally:
         gateway.stop()
