@@ -22,8 +22,8 @@ import orjson
 
 from keraunos.gateway.dialects.base import Dialect, DialectRequestError
 
-#: Thinking settings the API accepts; none is forwarded (the engine's reasoning parser decides).
-_THINKING_TYPES = frozenset({"enabled", "disabled", "adaptive", "between_tools"})
+#: The longest `metadata.user_id` kept as the chat `user` (OpenAI's limit); a longer one is dropped.
+_USER_MAX = 256
 
 #: The `tool_choice` types and the chat `tool_choice` each becomes (`tool` names a function).
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -155,15 +155,14 @@ def _tool_result(block: dict[str, Any], param: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": _parts_content(parts, "")}
 
 
-def compact_json(value: Any, param: str) -> str:
-    """`value` as compact JSON (no spaces, non-ASCII kept): a tool call's `arguments`."""
+def arguments_json(value: Any, param: str) -> str:
+    """`value` as a tool call's `arguments`: `json.dumps` with its default separators and non-ASCII
+    kept, the text vLLM's tool parsers emit and its chat templates render (`tojson`), so a call sent
+    back as `tool_use.input` re-renders as the ids the model sampled and the trajectory merge holds."""
     try:
-        return orjson.dumps(value).decode()
-    except orjson.JSONEncodeError:  # integers beyond 64 bits, nesting orjson refuses
-        try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (ValueError, TypeError, RecursionError) as error:
-            raise _fail(param, f"not serialisable as JSON ({error})") from None
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as error:
+        raise _fail(param, f"not serialisable as JSON ({error})") from None
 
 
 def _user_messages(content: list[Any], param: str) -> list[dict[str, Any]]:
@@ -206,7 +205,7 @@ def _assistant_message(content: list[Any], param: str) -> dict[str, Any]:
                 {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": name, "arguments": compact_json(arguments, f"{where}.input")},
+                    "function": {"name": name, "arguments": arguments_json(arguments, f"{where}.input")},
                 }
             )
         elif kind in ("thinking", "redacted_thinking"):
@@ -236,19 +235,15 @@ def _system(system: Any, param: str) -> str:
 
 
 def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Client tools as function tools; server tools (any other `type`: `web_search_*`, `bash_*`,
+    ...) are left out, since only Anthropic's servers run them: the model is not offered them."""
     converted = []
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
         if not isinstance(tool, dict):
             raise _fail(where, "Input should be an object (a tool)")
-        kind = tool.get("type")
-        if kind not in (None, "custom"):
-            shown = kind if isinstance(kind, str) else json.dumps(kind)
-            raise _fail(
-                f"{where}.type",
-                f"server tool {shown!r} runs on Anthropic's servers; a local engine cannot run it "
-                "(declare a client tool with name and input_schema instead)",
-            )
+        if tool.get("type") not in (None, "custom"):
+            continue
         function: dict[str, Any] = {"name": _field(tool, "name", str, f"{where}.name", required=True)}
         description = _field(tool, "description", str, f"{where}.description")
         if description is not None:
@@ -269,16 +264,6 @@ def _tool_choice(choice: dict[str, Any], chat: dict[str, Any]) -> None:
         raise _fail("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'")
     if _field(choice, "disable_parallel_tool_use", bool, "tool_choice.disable_parallel_tool_use"):
         chat["parallel_tool_calls"] = False
-
-
-def _thinking(thinking: dict[str, Any]) -> None:
-    kind = thinking.get("type")
-    if not isinstance(kind, str) or kind not in _THINKING_TYPES:
-        raise _fail("thinking.type", f"Input should be one of {', '.join(sorted(_THINKING_TYPES))}")
-    if kind == "enabled":
-        budget = _field(thinking, "budget_tokens", int, "thinking.budget_tokens", required=True)
-        if budget < 1:
-            raise _fail("thinking.budget_tokens", "Input should be a positive integer")
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
@@ -336,17 +321,19 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     metadata = _field(body, "metadata", dict, "metadata")
     if metadata is not None:
         user = _field(metadata, "user_id", str, "metadata.user_id")
-        if user is not None:
+        if user is not None and len(user) <= _USER_MAX:
             chat["user"] = user
-    thinking = _field(body, "thinking", dict, "thinking")
-    if thinking is not None:
-        _thinking(thinking)
-    tools = _field(body, "tools", list, "tools")
-    if tools:
-        chat["tools"] = _tools(tools)
+    # Any thinking setting (`enabled`, `adaptive`, ..., and the types still to come) is accepted and
+    # not forwarded: whether the model reasons is the engine's choice (its reasoning parser).
+    _field(body, "thinking", dict, "thinking")
+    tools = _tools(_field(body, "tools", list, "tools") or [])
+    choice: dict[str, Any] = {}
     tool_choice = _field(body, "tool_choice", dict, "tool_choice")
     if tool_choice is not None:
-        _tool_choice(tool_choice, chat)
+        _tool_choice(tool_choice, choice)
+    if tools:  # with none left (only server tools, or none given) there is no choice to make
+        chat["tools"] = tools
+        chat.update(choice)
     stream = _field(body, "stream", bool, "stream")
     if stream is not None:
         chat["stream"] = stream
@@ -540,8 +527,12 @@ class MessagesStream:
         index = self._blocks - 1
         if self._open == "tool":
             arguments = tool_input("".join(self._tool_args))
-            if arguments:
-                delta = {"type": "input_json_delta", "partial_json": compact_json(arguments, "input")}
+            try:
+                text = arguments_json(arguments, "input") if arguments else None
+            except DialectRequestError:  # nested past what json can write: shown as `{}`
+                text = None
+            if text is not None:
+                delta = {"type": "input_json_delta", "partial_json": text}
                 out += sse(
                     "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
                 )
