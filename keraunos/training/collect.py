@@ -32,6 +32,7 @@ last calls at most their timeout.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 import uuid
@@ -129,6 +130,12 @@ class CollectorConfig(LayeredSettings):
     )
     hook_timeout_s: float = Field(
         default=10.0, gt=0, description="Seconds a hook call may take before it is abandoned."
+    )
+    policy_agents: list[str] = Field(
+        default_factory=list,
+        description="The agents whose calls the trained policy serves (a LoRA adapter of chosen "
+        "agents): model versions and staleness are checked on their calls alone, the other agents "
+        "being served by what is registered for them. Empty: every call.",
     )
 
     @field_validator("hook_on_enqueue", "hook_on_success", "hook_on_failure")
@@ -503,10 +510,11 @@ class RolloutCollector:
         )
         if kept is None:
             return None
+        policy = [self._policy_calls(rollout) for rollout in kept]
         if self._version is not None:
-            for rollout in kept:
+            for rollout in policy:
                 self._check_versions(rollout, group.version, self._version, counts)
-        for rollout in kept:
+        for rollout in policy:
             for version in rollout.model_versions:
                 if self._highest_version is None or version > self._highest_version:
                     self._highest_version = version
@@ -538,6 +546,14 @@ class RolloutCollector:
             reward = sibling.read.reward if sibling.read is not None else None
             self.hooks.fire(point, rollout, state=sibling.state, reward=reward)
 
+    def _policy_calls(self, rollout: CompletedRollout) -> CompletedRollout:
+        """`rollout` with only the calls the trained policy served (`policy_agents`), whose versions
+        the run answers for; every call when no agents are named."""
+        agents = self.config.policy_agents
+        if not agents:
+            return rollout
+        return dataclasses.replace(rollout, triplets=[t for t in rollout.triplets if t.agent_id in agents])
+
     def _check_versions(
         self, rollout: CompletedRollout, lowest: int | None, current: int, counts: Counter[str]
     ) -> None:
@@ -561,7 +577,7 @@ class RolloutCollector:
         out: list[RolloutGroup] = []
         while self._ready and len(out) < limit:
             group = self._ready.popleft()
-            versions = [v for rollout in group.rollouts for v in rollout.model_versions]
+            versions = [v for rollout in group.rollouts for v in self._policy_calls(rollout).model_versions]
             group.staleness = current - min(versions) if current is not None and versions else None
             limit_ = self.config.max_staleness
             if limit_ is not None and group.staleness is not None and group.staleness > limit_:

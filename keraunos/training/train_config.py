@@ -603,5 +603,6 @@ class TrainConfig(LayeredSettings):
             hook_on_success=self.hook_on_success,
             hook_on_failure=self.hook_on_failure,
             hook_timeout_s=self.hook_timeout_s,
+            policy_agents=self.registered_agents,
             **extra,
         )
