@@ -15,6 +15,10 @@ three loads run back to back, each a warm-up followed by `--duration` seconds of
   streamed calls with 400).
 
 `--mode` picks the loads: `plain` (direct, proxy), `stream` (direct stream, proxy stream) or `both`.
+`--apis chat,messages,responses` adds, after each proxy load, the same call in the Anthropic
+Messages API (`.../anthropic/v1/messages`) and the OpenAI Responses API (`.../openai/v1/responses`),
+which the gateway converts to the chat call above and back (docs/harnesses.md); their added latency
+is also given as a ratio to the chat proxy load's of the same run.
 Reported per load and concurrency: calls/s, p50 and p99 latency, and for a proxy load the latency it
 adds over its direct load at the same concurrency (p50 - p50, p99 - p99 of the same run). Cells are
 min / median / max over `--runs`.
@@ -22,6 +26,7 @@ min / median / max over `--runs`.
     python benchmarks/proxy.py --runs 3                        # defaults below
     python benchmarks/proxy.py --runs 1 --duration 3           # a quick check
     python benchmarks/proxy.py --mode stream                   # streamed calls only
+    python benchmarks/proxy.py --apis chat,messages,responses  # converted APIs beside chat
     python benchmarks/proxy.py --db postgres                   # PostgreSQL ledger (a private server)
     python benchmarks/proxy.py --db postgresql://u@host/db     # an existing PostgreSQL database
 
@@ -60,6 +65,35 @@ LOADS = ("direct", "proxy", "direct stream", "proxy stream")
 MODES = {"plain": LOADS[:2], "stream": LOADS[2:], "both": LOADS}
 #: The direct load a proxy load is compared with.
 BASELINE = {"proxy": "direct", "proxy stream": "direct stream"}
+#: Per API: the path under the rollout prefix, and what a complete stream's closing event holds.
+API_PATHS = {
+    "chat": ("openai/v1/chat/completions", b"data: [DONE]"),
+    "messages": ("anthropic/v1/messages", b"message_stop"),
+    "responses": ("openai/v1/responses", b"event: response.incomplete"),  # --max-tokens: the length stop
+}
+
+
+def loads_of(args: argparse.Namespace) -> list[str]:
+    """The loads to run, in order: each proxy load followed by its converted-API variants."""
+    loads: list[str] = []
+    for load in MODES[args.mode]:
+        loads.append(load)
+        if load.startswith("proxy"):
+            stream = " stream" if load.endswith("stream") else ""
+            loads.extend(f"proxy {api}{stream}" for api in args.apis if api != "chat")
+    return loads
+
+
+def api_of(load: str) -> str:
+    """The API a load speaks: `chat` unless its name says `messages` or `responses`."""
+    return next((api for api in ("messages", "responses") if api in load.split()), "chat")
+
+
+def baseline_of(load: str) -> str | None:
+    """The direct load a proxy load is compared with (a converted API's: the chat call's)."""
+    if not load.startswith("proxy"):
+        return None
+    return "direct stream" if load.endswith("stream") else "direct"
 
 
 @dataclass
@@ -95,6 +129,27 @@ def chat_body(args: argparse.Namespace, stream: bool) -> bytes:
         "ignore_eos": True,
         "logprobs": True,
     }
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+def api_body(args: argparse.Namespace, api: str, stream: bool) -> bytes:
+    """`chat_body`'s call in `api`: the same prompt and response length, which the gateway converts
+    to a chat call (`ignore_eos` is not in these APIs: the engine stand-in is started so that every
+    answer is `--max-tokens` long anyway)."""
+    if api == "chat":
+        return chat_body(args, stream)
+    prompt = " ".join(f"w{1000 + i}" for i in range(args.prompt_words))
+    body: dict[str, Any]
+    if api == "messages":
+        body = {
+            "model": SERVED_MODEL,
+            "max_tokens": args.max_tokens,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+    else:
+        body = {"model": SERVED_MODEL, "input": prompt, "max_output_tokens": args.max_tokens}
     if stream:
         body["stream"] = True
     return json.dumps(body).encode()
@@ -144,21 +199,30 @@ class Server:
                 self.process.wait()
 
 
-async def one_call(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool) -> int:
+async def one_call(
+    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, end: bytes = b"data: [DONE]"
+) -> int:
     """Send one call and read its answer to the end; returns the HTTP status (599: a stream that
-    did not end with `data: [DONE]`)."""
+    never held `end`: `data: [DONE]`, or a converted API's closing event)."""
     async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
         if stream and response.status == 200:
-            tail = b""
+            seen, tail = False, b""
             async for piece in response.content.iter_any():
-                tail = (tail + piece)[-64:]
-            return 200 if tail.rstrip().endswith(b"data: [DONE]") else 599
+                window = tail + piece
+                seen = seen or end in window
+                tail = window[-64:]
+            return 200 if seen else 599
         await response.read()
         return response.status
 
 
 async def closed_loop(
-    session: aiohttp.ClientSession, urls: list[str], body: bytes, stream: bool, seconds: float
+    session: aiohttp.ClientSession,
+    urls: list[str],
+    body: bytes,
+    stream: bool,
+    seconds: float,
+    end: bytes = b"data: [DONE]",
 ) -> list[float]:
     """len(urls) workers, worker i calling urls[i] back to back for `seconds`; latencies in ms."""
     latencies: list[float] = []
@@ -167,7 +231,7 @@ async def closed_loop(
     async def worker(url: str) -> None:
         while time.perf_counter() < deadline:
             start = time.perf_counter()
-            status = await one_call(session, url, body, stream)
+            status = await one_call(session, url, body, stream, end)
             if status != 200:
                 raise RuntimeError(f"POST {url} -> {status}")
             latencies.append((time.perf_counter() - start) * 1000)
@@ -177,17 +241,22 @@ async def closed_loop(
 
 
 async def measure(
-    session: aiohttp.ClientSession, urls: list[str], body: bytes, stream: bool, args: argparse.Namespace
+    session: aiohttp.ClientSession,
+    urls: list[str],
+    body: bytes,
+    stream: bool,
+    args: argparse.Namespace,
+    end: bytes = b"data: [DONE]",
 ) -> LoadResult:
     if stream:  # a gateway without streaming support refuses streamed calls with 400
-        status = await one_call(session, urls[0], body, stream)
+        status = await one_call(session, urls[0], body, stream, end)
         if status == 400:
             return LoadResult(supported=False)
         if status != 200:
-            raise RuntimeError(f"streamed probe -> {status}")
-    await closed_loop(session, urls, body, stream, args.warmup)
+            raise RuntimeError(f"streamed probe of {urls[0]} -> {status}")
+    await closed_loop(session, urls, body, stream, args.warmup, end)
     start = time.perf_counter()
-    latencies = await closed_loop(session, urls, body, stream, args.duration)
+    latencies = await closed_loop(session, urls, body, stream, args.duration, end)
     elapsed = time.perf_counter() - start
     latencies.sort()
     return LoadResult(
@@ -221,19 +290,20 @@ async def load_all(
         async with session.post(f"{gateway.base_url}/api/rollouts", json=new) as r:
             if r.status != 201:
                 raise RuntimeError(f"creating rollouts -> {r.status}: {await r.text()}")
-        plain, streamed = chat_body(args, stream=False), chat_body(args, stream=True)
         for concurrency in args.concurrency:
-            proxy_urls = [
-                f"{gateways[i % len(gateways)].base_url}/proxy/rollout/{r}/attempt/0/mode/train/openai/v1"
-                "/chat/completions"
-                for i, r in enumerate(rollouts[:concurrency])
-            ]
             direct_urls = [f"{engine.base_url}/v1/chat/completions"] * concurrency
-            for load in MODES[args.mode]:
+            for load in loads_of(args):
                 stream = load.endswith("stream")
-                urls = proxy_urls if load.startswith("proxy") else direct_urls
-                body = streamed if stream else plain
-                results[load, concurrency] = await measure(session, urls, body, stream, args)
+                api = api_of(load)
+                path, end = API_PATHS[api]
+                urls = direct_urls
+                if load.startswith("proxy"):
+                    urls = [
+                        f"{gateways[i % len(gateways)].base_url}/proxy/rollout/{r}/attempt/0/mode/train/{path}"
+                        for i, r in enumerate(rollouts[:concurrency])
+                    ]
+                body = api_body(args, api, stream)
+                results[load, concurrency] = await measure(session, urls, body, stream, args, end)
     return results
 
 
@@ -252,6 +322,11 @@ def run_once(args: argparse.Namespace, pg: Any) -> dict[tuple[str, int], LoadRes
             SERVED_MODEL,
             "--latency-ms",
             str(args.engine_latency_ms),
+            # every answer exactly --max-tokens long, asked with ignore_eos (chat) or not (converted)
+            "--min-response-tokens",
+            str(args.max_tokens),
+            "--max-response-tokens",
+            str(args.max_tokens),
         ]
         engine = Server("engine-mock", args.client_cpus, engine_args, "/health", workdir / "engine.log")
         try:
@@ -312,18 +387,28 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
         f"{args.client_cpus}"
     )
     print("cells: min / median / max over runs\n")
-    rows = [["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]]
+    converted = any(api != "chat" for api in args.apis)
+    header = ["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]
+    rows = [header + (["added p50 / chat's", "added p99 / chat's"] if converted else [])]
     for concurrency in args.concurrency:
-        for load in MODES[args.mode]:
+        for load in loads_of(args):
             results = [run[load, concurrency] for run in runs]
             if not all(r.supported for r in results):
                 rows.append([load, str(concurrency), "not supported (the gateway answers 400)"])
                 continue
             added50 = added99 = "-"
-            if load in BASELINE:
-                direct = [run[BASELINE[load], concurrency] for run in runs]
+            ratios = ["-", "-"] if converted else []
+            baseline = baseline_of(load)
+            if baseline is not None:
+                direct = [run[baseline, concurrency] for run in runs]
                 added50 = cell([r.p50_ms - d.p50_ms for r, d in zip(results, direct, strict=True)], 2)
                 added99 = cell([r.p99_ms - d.p99_ms for r, d in zip(results, direct, strict=True)], 2)
+                if api_of(load) != "chat":
+                    chat_load = "proxy stream" if load.endswith("stream") else "proxy"
+                    ratios = [
+                        cell([_ratio(run, load, chat_load, baseline, concurrency, q) for run in runs], 2)
+                        for q in ("p50_ms", "p99_ms")
+                    ]
             rows.append(
                 [
                     load,
@@ -333,6 +418,7 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
                     cell([r.p99_ms for r in results], 2),
                     added50,
                     added99,
+                    *ratios,
                 ]
             )
     columns = len(rows[0])  # a "not supported" row fills only load and conc (i < 2) to the widths
@@ -347,6 +433,16 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
         print("  ".join(cells).rstrip())
         if number == 0:
             print("-" * (sum(widths) + 2 * (len(widths) - 1)))
+
+
+def _ratio(
+    run: dict[tuple[str, int], LoadResult], load: str, chat_load: str, baseline: str, concurrency: int, q: str
+) -> float:
+    """The latency `load` adds over the direct call, as a multiple of what the chat proxy load adds
+    in the same run (quantile `q`)."""
+    direct = getattr(run[baseline, concurrency], q)
+    chat = getattr(run[chat_load, concurrency], q) - direct
+    return (getattr(run[load, concurrency], q) - direct) / chat if chat > 0 else float("nan")
 
 
 def main() -> None:
@@ -382,6 +478,12 @@ def main() -> None:
         help="plain: unstreamed calls; stream: streamed calls; both (default)",
     )
     parser.add_argument(
+        "--apis",
+        type=lambda s: [a.strip() for a in s.split(",") if a.strip()],
+        default=["chat"],
+        help="comma-separated APIs of the proxy loads: chat, messages, responses (default chat)",
+    )
+    parser.add_argument(
         "--db",
         default="sqlite",
         help="ledger: sqlite (default), postgres (a private PostgreSQL server) or a postgresql:// URL",
@@ -402,6 +504,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.db not in ("sqlite", "postgres") and not args.db.startswith(("postgresql://", "postgres://")):
         parser.error("--db takes sqlite, postgres or a postgresql:// URL")
+    if unknown := [api for api in args.apis if api not in API_PATHS]:
+        parser.error(f"--apis takes chat, messages and responses, not {', '.join(unknown)}")
+    if "chat" not in args.apis:
+        args.apis.insert(0, "chat")  # the converted APIs are measured against it
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
     if args.replicas > 1 and args.db == "sqlite":

@@ -15,11 +15,10 @@ import hmac
 import time
 from collections.abc import Iterable, Iterator
 
-import orjson
 import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from keraunos.gateway._errors import is_proxy_path, openai_error
+from keraunos.gateway._errors import error_body
 from keraunos.gateway._keys import KeyRing, ScopedKey
 from keraunos.gateway._roles import allows, label_of
 from keraunos.gateway._tokens import TokenClaims, looks_like_token, verify
@@ -83,6 +82,10 @@ def presented_keys(headers: Iterable[tuple[bytes, bytes]]) -> Iterator[bytes]:
     return (credential for credential in presented(headers) if not looks_like_token(credential))
 
 
+#: The API families under a rollout's proxy prefix (docs/protocol.md#proxy, docs/harnesses.md).
+_API_FAMILIES = ("openai", "anthropic")
+
+
 def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
     """Whether a token with `claims` may call `method path`: its attempt's proxy paths, its events
     POST, a GET of its rollout's resources (how an agent reads the versions it was assigned), and
@@ -94,7 +97,8 @@ def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
     # GET /api/rollouts/{r}/resources
     if len(parts) == 5 and parts[1] == "api" and parts[2] == "rollouts" and parts[4] == "resources":
         return method in ("GET", "HEAD") and parts[3] == claims.rollout_id
-    # /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/... (or .../mode/{m}/agent/{id}/openai/v1/...)
+    # /proxy/rollout/{r}/attempt/{a}/mode/{m}/openai/v1/... (or .../mode/{m}/agent/{id}/openai/v1/...,
+    # and anthropic/v1/ in place of openai/v1/)
     if (
         len(parts) >= 11
         and parts[1] == "proxy"
@@ -102,8 +106,8 @@ def in_scope(claims: TokenClaims, method: str, path: str) -> bool:
         and parts[4] == "attempt"
         and parts[6] == "mode"
         and (
-            (parts[8] == "openai" and parts[9] == "v1")
-            or (len(parts) >= 13 and parts[8] == "agent" and parts[10] == "openai" and parts[11] == "v1")
+            (parts[8] in _API_FAMILIES and parts[9] == "v1")
+            or (len(parts) >= 13 and parts[8] == "agent" and parts[10] in _API_FAMILIES and parts[11] == "v1")
         )
     ):
         return parts[3] == claims.rollout_id and parts[5] == claims.attempt_id
@@ -235,9 +239,7 @@ def actor_of(scope: Scope) -> str:
 
 async def _answer(send: Send, path: str, status: int, detail: str, code: str) -> None:
     """`{"detail": ...}` (docs/protocol.md#errors), OpenAI's error shape too on a proxy path."""
-    body = (
-        openai_error(status, detail, code=code) if is_proxy_path(path) else orjson.dumps({"detail": detail})
-    )
+    body = error_body(path, status, detail, code=code)
     await send(
         {
             "type": "http.response.start",

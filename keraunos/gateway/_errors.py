@@ -66,9 +66,40 @@ def openai_error(
     return orjson.dumps({"detail": message, "error": error, **extra})
 
 
+#: Anthropic's `error.type` for each status (what its SDK maps to an exception class).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(status_code: int, message: str) -> bytes:
+    """The JSON body of an error in the Anthropic Messages API's shape:
+    `{"type": "error", "error": {"type", "message"}}` (docs/harnesses.md)."""
+    kind = _ANTHROPIC_TYPES.get(status_code)
+    if kind is None:
+        kind = "api_error" if status_code >= 500 else "invalid_request_error"
+    if status_code == 503:
+        kind = "overloaded_error"
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+def proxy_error(path: str, status_code: int, message: str, *, code: str | None = None) -> bytes:
+    """The body of an error the gateway makes on proxy `path`: Anthropic's shape under a
+    rollout's `anthropic/v1/`, OpenAI's everywhere else."""
+    if "/anthropic/v1/" in path:
+        return anthropic_error(status_code, message)
+    return openai_error(status_code, message, code=code)
+
+
 def error_body(path: str, status_code: int, message: str, *, code: str | None = None) -> bytes:
-    """The body of an error the gateway makes on `path`: OpenAI's shape on a proxy path, else
-    FastAPI's `{"detail": message}`."""
+    """The body of an error the gateway makes on `path`: the API's shape on a proxy path
+    (`proxy_error`), else FastAPI's `{"detail": message}`."""
     if is_proxy_path(path):
-        return openai_error(status_code, message, code=code)
+        return proxy_error(path, status_code, message, code=code)
     return orjson.dumps({"detail": message})

@@ -8,11 +8,10 @@ the count passes the limit, so the excess is never buffered.
 
 from __future__ import annotations
 
-import orjson
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keraunos.gateway._errors import is_proxy_path, openai_error
+from keraunos.gateway._errors import error_body
 
 
 class BodyTooLarge(HTTPException):
@@ -63,10 +62,7 @@ class BodySizeLimit:
 
     async def _refuse(self, path: str, send: Send) -> None:
         message = too_large_message(self.max_bytes)
-        if is_proxy_path(path):
-            body = openai_error(413, message, code="body_too_large")
-        else:
-            body = orjson.dumps({"detail": message})
+        body = error_body(path, 413, message, code="body_too_large")
         await send(
             {
                 "type": "http.response.start",

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import keraunos
 from keraunos.gateway._auth import ServerKeyAuth
-from keraunos.gateway._errors import error_body, is_proxy_path, openai_error
+from keraunos.gateway._errors import error_body, is_proxy_path, proxy_error
 from keraunos.gateway._fastlane import FastLane
 from keraunos.gateway._keys import KeyRing, load_keys
 from keraunos.gateway._limits import BodySizeLimit
@@ -239,7 +239,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     if not is_proxy_path(request.url.path):
         return await http_exception_handler(request, exc)
-    body = openai_error(exc.status_code, f"{exc.detail}: {request.method} {request.url.path[:200]}")
+    body = proxy_error(
+        request.url.path, exc.status_code, f"{exc.detail}: {request.method} {request.url.path[:200]}"
+    )
     return Response(body, status_code=exc.status_code, media_type="application/json", headers=exc.headers)
 
 

@@ -79,6 +79,13 @@ class GatewayConfig(LayeredSettings):
         default="Qwen/Qwen2.5-7B-Instruct",
         description="Model name the proxy writes into forwarded requests and routes by.",
     )
+    side_call_models: str = Field(
+        default="*haiku*",
+        description="Comma-separated patterns (fnmatch, case-sensitive) of the model names a "
+        "harness asks for on its side calls (titles, summaries: Claude Code's small/fast model). "
+        "A Messages or Responses call asking for a matching name is recorded with side_call: true, "
+        "which keraunos train leaves out of its rows. Empty: no call is a side call. docs/harnesses.md",
+    )
     train_temperature: float = Field(
         default=1.0, ge=0.0, description="Temperature forced on proxied calls in train mode."
     )

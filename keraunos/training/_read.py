@@ -54,14 +54,18 @@ class ReadResult:
     redacted_calls: int = 0
     #: Every finite reward read, in order, each with the triplet it follows (`reward` is the last).
     rewards: tuple[PositionedReward, ...] = ()
+    #: Successful calls left out as a harness's side calls (`side_call`, docs/harnesses.md#side-calls).
+    side_calls: int = 0
 
 
-def read_events_json(raw: bytes, *, reward_version: str | None = None) -> ReadResult:
+def read_events_json(
+    raw: bytes, *, reward_version: str | None = None, include_side_calls: bool = False
+) -> ReadResult:
     """`read_events` over the JSON body of `GET /api/rollouts/{id}/events?format=triplet[&delta=1]`."""
     events = orjson.loads(raw)
     if not isinstance(events, list):
         raise TripletReadError(f"expected a JSON list of events, got {type(events).__name__}")
-    return read_events(events, reward_version=reward_version)
+    return read_events(events, reward_version=reward_version, include_side_calls=include_side_calls)
 
 
 @dataclass(slots=True)
@@ -73,9 +77,13 @@ class _Call:
     untrained: np.ndarray | None = None  # response positions a redaction placeholder holds
 
 
-def read_events(events: list[Any], *, reward_version: str | None = None) -> ReadResult:
+def read_events(
+    events: list[Any], *, reward_version: str | None = None, include_side_calls: bool = False
+) -> ReadResult:
     """The successful calls of a rollout, in order, and its final reward (the agent's, or the
-    `reward_version` named).
+    `reward_version` named). A harness's side calls (`side_call: true`: a title, a summary, outside
+    the task) are left out and counted unless `include_side_calls`; they stay in place, so a later
+    call's delta prompt that refers to one still resolves.
 
     Every sample of a call's prompt is kept on its `Triplet`: the other choices of an `n > 1` call
     (`choices`) and the successful calls it replaced (`replaced_calls`) become `alternatives`.
@@ -84,7 +92,7 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
     earlier: dict[int, list[Sample]] = {}  # event index -> samples of the calls it replaced
     reward: float | None = None
     posted: list[tuple[int, float, dict[str, Any]]] = []  # (event index, value, data) of each reward
-    failed = unreadable = unreadable_choices = redacted = 0
+    failed = unreadable = unreadable_choices = redacted = side = 0
     for index, event in enumerate(events):
         if not isinstance(event, dict):
             continue
@@ -133,6 +141,8 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
             # that does not fit), which one trains is not known, so none does.
             unreadable += 1
             redacted += 1
+        elif data.get("side_call") is True and not include_side_calls:
+            side += 1
         else:
             call.keep = True
             call.untrained = masked
@@ -181,7 +191,7 @@ def read_events(events: list[Any], *, reward_version: str | None = None) -> Read
         )
         for at, value, data in posted
     )
-    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices, redacted, rewards)
+    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices, redacted, rewards, side)
 
 
 def _choice_samples(data: dict[str, Any]) -> tuple[list[Sample], int]:

@@ -39,6 +39,7 @@ FEATURES: tuple[str, ...] = (
     "redaction",  # --redaction-policy: calls, agent events and logs redacted before commit
     "agent-ids",  # .../mode/{m}/agent/{id}/openai/v1 or X-Keraunos-Agent-Id; ?agent_id=; /agents
     "otlp-traces",  # POST /v1/traces: OTLP/HTTP spans stored as span events of their rollouts
+    "dialects",  # .../anthropic/v1/messages and .../openai/v1/responses, converted to chat, recorded
     "agent-endpoints",  # an endpoint's agent_id: it serves only that agent's calls (docs/multi-agent.md)
 )
 

@@ -36,12 +36,20 @@ def passthrough(answer: Answer) -> Response:
     return Response(answer.body, status_code=answer.status, media_type=answer.content_type)
 
 
-def not_found(mode: str, path: str) -> Response:
-    """404 for a mode or an OpenAI path the proxy does not serve, saying which are served."""
+def not_found(mode: str, path: str, family: str = "openai") -> Response:
+    """404 for a mode or a path the proxy does not serve, saying which are served."""
     if mode not in ("train", "val"):
         message = f"Unknown proxy mode {mode[:64]!r}: use mode/train or mode/val"
+    elif family == "anthropic":
+        message = (
+            f"Unknown proxy path anthropic/v1/{path[:64]}: the proxy serves anthropic/v1/messages "
+            "(messages/count_tokens is not served: the gateway cannot count tokens the way the engine does)"
+        )
     else:
-        message = f"Unknown proxy path openai/v1/{path[:64]}: the proxy serves chat/completions, completions and models"
+        message = (
+            f"Unknown proxy path openai/v1/{path[:64]}: the proxy serves chat/completions, "
+            "completions, responses and models"
+        )
     return gateway_error(404, message, code="unknown_path")
 
 

@@ -32,6 +32,8 @@ def model_request_data(
     answer: Answer,
     exact_tokens: bool = False,
     agent_id: str | None = None,
+    api: str | None = None,
+    side_call: bool = False,
 ) -> Recorded:
     """The record of `answer` to `request` (the body sent upstream), success or error.
 
@@ -40,7 +42,7 @@ def model_request_data(
 
     A body that is not a JSON object is recorded as `status: "error"` whatever the HTTP status (a
     200 carrying an event stream or an HTML page holds no training data): `response.error` keeps
-    the body's text and says why (`reason`). `exact_tokens`, `agent_id`: see `call_data`.
+    the body's text and says why (`reason`). `exact_tokens`, `agent_id`, `api`: see `call_data`.
     """
     status = status_of(answer.status)
     try:
@@ -61,6 +63,8 @@ def model_request_data(
         latency_ms=answer.latency_ms,
         exact_tokens=exact_tokens,
         agent_id=agent_id,
+        api=api,
+        side_call=side_call,
     )
     return Recorded(data, None if payload is None else WireCall(payload, answer.body))
 
@@ -78,6 +82,8 @@ def call_data(
     latency_ms: float,
     exact_tokens: bool = False,
     agent_id: str | None = None,
+    api: str | None = None,
+    side_call: bool = False,
 ) -> dict[str, Any]:
     """`data` of a `model_request` event from its parts: the one shape of streamed and unstreamed calls.
 
@@ -88,6 +94,10 @@ def call_data(
     rollout's storage grow with the square of its turns); `server.exact_tokens` then says so.
     `agent_id`: the agent that made the call (docs/multi-agent.md#agent-ids), recorded as `agent_id`
     only when given, so an untagged call keeps Agent Lightning v1.0's shape.
+    `api`: the API the agent spoke when it was not chat completions (`anthropic.messages`,
+    `openai.responses`: docs/harnesses.md); `request` and `response` are then their chat form.
+    `side_call`: a harness's call outside the task (docs/harnesses.md#side-calls), recorded as
+    `side_call: true` only when it is one.
     """
     data = {
         "model": served_model,
@@ -113,6 +123,10 @@ def call_data(
         data["server"]["exact_tokens"] = True
     if agent_id is not None:  # keraunos extension `agent-ids`
         data["agent_id"] = agent_id
+    if api is not None:  # keraunos extension `dialects`
+        data["api"] = api
+    if side_call:
+        data["side_call"] = True
     return data
 
 

@@ -64,6 +64,7 @@ async def answer_replay(
     temperature: float,
     source_id: str,
     agent_id: str | None = None,
+    api: str | None = None,
 ) -> Response:
     """Answer one model call of a replay rollout from the record of `source_id`, and record it."""
     started = time.perf_counter()
@@ -100,6 +101,7 @@ async def answer_replay(
         attempts=1,
         latency_ms=(time.perf_counter() - started) * 1000.0,
         agent_id=agent_id,
+        api=api,
     )
     if state.redaction is not None:
         # The record holds the source's request as redacted: the agent's is compared redacted too

@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.types import Receive, Scope, Send
 
 from keraunos.gateway.api._common import TOO_DEEP_MESSAGE, LeanRoute, _raw_body, dump_bounded, id_checked
+from keraunos.gateway.dialects.base import Dialect, DialectRequestError, StreamTranslator
 from keraunos.gateway.proxy.agents import call_agent, header_agent
 from keraunos.gateway.proxy.answers import (
     JSON,
@@ -33,6 +34,13 @@ from keraunos.gateway.proxy.answers import (
     not_found,
     passthrough,
     paused,
+)
+from keraunos.gateway.proxy.dialect_calls import (
+    DIALECT_PATHS,
+    answer_in_dialect,
+    error_in_dialect,
+    is_side_call,
+    replayed_in_dialect,
 )
 from keraunos.gateway.proxy.disconnect import DisconnectWatch
 from keraunos.gateway.proxy.exact import with_prompt_ids
@@ -112,16 +120,63 @@ async def agent_model_call(
     return await _model_call(request, rollout_id, attempt_id, mode, path, agent_id)
 
 
+@router.post(
+    "/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/anthropic/v1/{path:path}",
+    include_in_schema=False,
+)
+async def anthropic_call(
+    request: Request, rollout_id: str, attempt_id: str, mode: str, path: str
+) -> Response:
+    """Proxy one Anthropic Messages call, converted to chat completions (docs/harnesses.md)."""
+    return await _model_call(request, rollout_id, attempt_id, mode, path, None, family="anthropic")
+
+
+@router.post(
+    "/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/agent/{agent_id}/anthropic/v1/{path:path}",
+    include_in_schema=False,
+)
+async def agent_anthropic_call(
+    request: Request, rollout_id: str, attempt_id: str, mode: str, agent_id: str, path: str
+) -> Response:
+    """`anthropic_call` for a call tagged with its agent by its base URL."""
+    return await _model_call(request, rollout_id, attempt_id, mode, path, agent_id, family="anthropic")
+
+
 async def _model_call(
-    request: Request, rollout_id: str, attempt_id: str, mode: str, path: str, path_agent: str | None
+    request: Request,
+    rollout_id: str,
+    attempt_id: str,
+    mode: str,
+    path: str,
+    path_agent: str | None,
+    family: str = "openai",
+) -> Response:
+    """One model call on `family`/v1/`path`; a call in a converted API (`DIALECT_PATHS`) gets
+    every error in that API's shape (docs/harnesses.md)."""
+    dialect = DIALECT_PATHS.get(f"{family}/v1/{path}")
+    response = await _admitted_call(request, rollout_id, attempt_id, mode, path, path_agent, family, dialect)
+    if dialect is not None and response.status_code >= 400 and not isinstance(response, StreamedCall):
+        return error_in_dialect(dialect, response)
+    return response
+
+
+async def _admitted_call(
+    request: Request,
+    rollout_id: str,
+    attempt_id: str,
+    mode: str,
+    path: str,
+    path_agent: str | None,
+    family: str,
+    dialect: Dialect | None,
 ) -> Response:
     state = proxy_state(request)
     agent_id, problem = call_agent(path_agent, header_agent(request.scope["headers"]))
     if problem is not None:
         return gateway_error(400, problem, code="invalid_agent_id")
     temperature = state.temperatures.get(mode)
-    if temperature is None or path not in CALL_PATHS:
-        return not_found(mode, path)
+    if temperature is None or (dialect is None and (family != "openai" or path not in CALL_PATHS)):
+        return not_found(mode, path, family)
     pause = state.pause
     if pause.paused:
         return paused(state)
@@ -130,7 +185,9 @@ async def _model_call(
     pause.admit()
     handed_over = False
     try:
-        response = await _forward(state, request, rollout_id, attempt_id, mode, path, temperature, agent_id)
+        response = await _forward(
+            state, request, rollout_id, attempt_id, mode, path, temperature, agent_id, dialect
+        )
         # A stream stays in flight until its record is committed: the response releases it.
         handed_over = isinstance(response, StreamedCall)
         return response
@@ -153,6 +210,8 @@ class _Call:
     stream: bool
     started: float  # perf_counter() when the call was admitted
     agent_id: str | None = None  # the agent that made the call, when it said (docs/multi-agent.md)
+    api: str | None = None  # the converted API the agent spoke (docs/harnesses.md), else chat
+    side_call: bool = False  # a harness's call outside the task (docs/harnesses.md#side-calls)
     upstream_at: float = 0.0  # perf_counter() when the first upstream attempt began
     spliced: Any = None  # --exact-tokens: the prompt ids sent instead of the messages' rendering
 
@@ -178,6 +237,8 @@ class _Call:
             latency_ms=latency_ms,
             exact_tokens=self.spliced is not None,
             agent_id=self.agent_id,
+            api=self.api,
+            side_call=self.side_call,
         )
 
     async def send(
@@ -257,6 +318,7 @@ async def _forward(
     path: str,
     temperature: float,
     agent_id: str | None,
+    dialect: Dialect | None = None,
 ) -> Response:
     started = time.perf_counter()
     raw = await _raw_body(request)
@@ -266,6 +328,13 @@ async def _forward(
         return gateway_error(400, f"Request body is not valid JSON: {exc}")
     if not isinstance(body, dict):
         return gateway_error(400, "Request body must be a JSON object")
+    original = body  # the agent's body, in its API (the chat form below for a converted API)
+    if dialect is not None:
+        try:
+            body = dialect.to_chat(body)
+        except DialectRequestError as exc:
+            return gateway_error(exc.status, exc.message, code="invalid_request")
+        path = CHAT
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         # An engine may stream for any truthy value: refused, so that what is recorded is what was sent.
@@ -276,10 +345,14 @@ async def _forward(
         )
     replay_of = await _check_rollout(state, rollout_id)
     if replay_of is not None:  # answered from the record: no endpoint needed (proxy/replay.py)
-        return await answer_replay(
+        replayed = await answer_replay(
             state, body, rollout_id=rollout_id, attempt_id=attempt_id, mode=mode, path=path,
             temperature=temperature, source_id=replay_of, agent_id=agent_id,
+            api=None if dialect is None else dialect.name,
         )  # fmt: skip
+        if dialect is None or replayed.status_code >= 400:
+            return replayed
+        return replayed_in_dialect(dialect, original, replayed)
     config = state.config
     # An agent's own endpoints when it has some, else the untagged ones (docs/multi-agent.md).
     endpoints = agent_endpoints(await state.endpoints.endpoints(config.served_model), agent_id)
@@ -335,7 +408,8 @@ async def _forward(
         return gateway_error(400, f"Request body: {TOO_DEEP_MESSAGE}", code="json_too_deep")
     call = _Call(
         state, rollout_id, attempt_id, mode, path, shaped, sampling, streamed, started,
-        agent_id=agent_id, spliced=spliced,
+        agent_id=agent_id, spliced=spliced, api=None if dialect is None else dialect.name,
+        side_call=dialect is not None and is_side_call(original, state.side_call_models),
     )  # fmt: skip
     progress = Progress()
     watch = DisconnectWatch(request.receive, state.watches)
@@ -370,7 +444,10 @@ async def _forward(
         )
         return failure_answer(outcome)
     if isinstance(outcome, Opened):
-        return StreamedCall(call, outcome, strip_usage=strip_usage, release=state.pause.release)
+        translator = None if dialect is None else dialect.translator(original)
+        return StreamedCall(
+            call, outcome, strip_usage=strip_usage, release=state.pause.release, translator=translator
+        )
     recorded = model_request_data(
         served_model=config.served_model,
         request=shaped,
@@ -379,6 +456,8 @@ async def _forward(
         answer=outcome,
         exact_tokens=spliced is not None,
         agent_id=agent_id,
+        api=call.api,
+        side_call=call.side_call,
     )
     data = recorded.data
     if data["status"] == "error" and 200 <= outcome.status < 300:
@@ -402,6 +481,10 @@ async def _forward(
         )
     if error is not None:
         raise error
+    if dialect is not None and 200 <= outcome.status < 300:
+        if data["status"] != "ok":
+            return gateway_error(502, "The model server answered with a body that is not a JSON object")
+        return answer_in_dialect(dialect, original, data["response"])
     return passthrough(outcome)
 
 
@@ -470,7 +553,13 @@ class StreamedCall(Response):
     """
 
     def __init__(
-        self, call: _Call, opened: Opened, *, strip_usage: bool, release: Callable[[], None]
+        self,
+        call: _Call,
+        opened: Opened,
+        *,
+        strip_usage: bool,
+        release: Callable[[], None],
+        translator: StreamTranslator | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -478,8 +567,11 @@ class StreamedCall(Response):
         self._opened = opened
         self._strip_usage = strip_usage
         self._release = release
+        self._translator = translator  # a converted API: chat chunks become its events
         self._done = False
         content_type = opened.response.headers.get("Content-Type", "text/event-stream")
+        if translator is not None:
+            content_type = "text/event-stream"
         self.raw_headers = [
             (b"content-type", content_type.encode("latin-1")),
             (b"cache-control", b"no-cache"),
@@ -571,26 +663,40 @@ class StreamedCall(Response):
                 error=problem,
                 recorded=error is None,
             )
-            await send({"type": "http.response.body", "body": error_event(problem, "upstream")})
+            await send({"type": "http.response.body", "body": self._failed(problem, "upstream")})
         elif error is not None:
-            await send({"type": "http.response.body", "body": error_event(_unrecorded(error), "gateway")})
+            await send({"type": "http.response.body", "body": self._failed(_unrecorded(error), "gateway")})
         else:
-            await send({"type": "http.response.body", "body": DONE_EVENT})
+            end = DONE_EVENT if self._translator is None else self._translator.finish()
+            await send({"type": "http.response.body", "body": end})
         overhead = (call.upstream_at - call.started) + handling + (time.perf_counter() - upstream_end)
         call.count(data, latency_s, overhead, opened.attempts)
 
+    def _failed(self, message: str, source: str) -> bytes:
+        """The event that ends a failed stream: the API's own error event for a converted API."""
+        if self._translator is None:
+            return error_event(message, source)
+        return self._translator.fail(message, source=source)
+
     def _take(self, events: list[bytes], assembler: StreamAssembler) -> bytes:
-        """Fold `events` into the assembly; the bytes of those the agent gets, as they came."""
+        """Fold `events` into the assembly; the bytes of those the agent gets, as they came (a
+        converted API's events instead, made from the chunks by its translator)."""
         keep: list[bytes] = []
+        translator = self._translator
         for event in events:
             kind, chunk = classify(event)
             if kind == "chunk":
                 assembler.add(chunk)
+                if translator is not None:
+                    keep.append(translator.feed(chunk))
+                    continue
                 if self._strip_usage and is_usage_only(chunk):
                     continue
             elif kind == "done":
                 self._done = True
                 continue
+            elif translator is not None:
+                continue  # keep-alives and comments: not events of the converted API
             keep.append(event)
         return keep[0] if len(keep) == 1 else b"".join(keep)
 

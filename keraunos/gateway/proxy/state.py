@@ -65,6 +65,8 @@ class ProxyState:
             cooldown_s=config.endpoint_cooldown_s,
         )
         self.temperatures = {"train": config.train_temperature, "val": config.val_temperature}
+        #: --side-call-models: what a harness's side calls ask for (docs/harnesses.md#side-calls).
+        self.side_call_models = tuple(p.strip() for p in config.side_call_models.split(",") if p.strip())
         # --exact-tokens: None when off, so a call pays one attribute test for the option.
         self.exact: ExactTokens | None = (
             ExactTokens(config.exact_tokens_memory_ids, self.metrics) if config.exact_tokens else None

@@ -25,7 +25,7 @@ from keraunos.protocol import MODEL_REQUEST
 def trim_model_request(data: dict[str, Any]) -> dict[str, Any]:
     """Reduce `model_request` data to `{prompt_token_ids, response_token_ids, response_log_probs,
     server: {model, version}, routed_experts?, http_status?, status?, error?, redaction?,
-    agent_id?}`.
+    agent_id?, side_call?}`.
 
     Prompt ids come from the response's top-level `prompt_token_ids` (chat), else from
     `choices[0].prompt_token_ids` (completions); response ids from `choices[0].token_ids`; log probs
@@ -85,6 +85,8 @@ def trim_parts(
         out["redaction"] = data["redaction"]
     if "agent_id" in data:  # keraunos extension `agent-ids`: the agent that made the call
         out["agent_id"] = data["agent_id"]
+    if data.get("side_call") is True:  # keraunos extension `dialects`: a harness's side call
+        out["side_call"] = True
     for key in ("http_status", "status"):
         if key in data:
             out[key] = data[key]
