@@ -16,7 +16,15 @@ Nothing here imports the rest of keraunos, pydantic or numpy: agent images insta
 `pip install --no-deps keraunos httpx`.
 """
 
-from keraunos.agent._env import AgentEnv, api_key, attempt_id, in_rollout, openai_base_url, rollout_id
+from keraunos.agent._env import (
+    AgentEnv,
+    anthropic_base_url,
+    api_key,
+    attempt_id,
+    in_rollout,
+    openai_base_url,
+    rollout_id,
+)
 from keraunos.agent._errors import AgentError, EventRejectedError, NotInRolloutError, ResourceReadError
 from keraunos.agent._events import (
     AsyncEventClient,
@@ -41,6 +49,7 @@ __all__ = [
     "RetryPolicy",
     "aemit_event",
     "aemit_reward",
+    "anthropic_base_url",
     "api_key",
     "aresource",
     "attempt_id",

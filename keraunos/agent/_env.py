@@ -89,6 +89,17 @@ def openai_base_url(agent: str | None = None) -> str:
     return f"{head}/agent/{agent}{sep}{tail}"
 
 
+def anthropic_base_url(agent: str | None = None) -> str:
+    """The base URL to give an Anthropic client (the `anthropic` SDK's `base_url`, Claude Code's
+    `ANTHROPIC_BASE_URL`): the rollout's prefix with `/anthropic` instead of `/openai/v1`, where the
+    gateway serves the Messages API (docs/harnesses.md). `agent` as for `openai_base_url`."""
+    url = openai_base_url(agent)
+    head, sep, _ = url.rpartition(_OPENAI_V1)
+    if not sep:
+        raise NotInRolloutError(f"{OPENAI_BASE_URL}={url!r} does not end in {_OPENAI_V1}: no Messages path")
+    return f"{head}/anthropic"
+
+
 def api_key() -> str:
     """The key to send as the OpenAI API key and with events (`AGL_KEY`)."""
     return AgentEnv.read().key

@@ -62,6 +62,7 @@ def settle_group(
         counts["failed_calls_skipped"] += sibling.read.failed_calls
         counts["unreadable_calls_skipped"] += sibling.read.unreadable_calls
         counts["unreadable_choices_skipped"] += sibling.read.unreadable_choices
+        counts["side_calls_skipped"] += sibling.read.side_calls  # a harness's titles, summaries
         if not sibling.read.triplets:
             counts["empty_rollouts"] += 1
             continue

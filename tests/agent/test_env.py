@@ -60,3 +60,16 @@ def test_an_agents_base_url_inserts_its_agent_segment_before_openai_v1(
         agent.openai_base_url(agent="a b")
     with pytest.raises(ValueError):
         agent.openai_base_url(agent="..")
+
+
+def test_the_anthropic_base_url_is_the_rollout_prefix_with_anthropic_in_place_of_openai_v1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in ENVIRON.items():
+        monkeypatch.setenv(name, value)
+    prefix = f"{SERVER}/proxy/rollout/ro-1.a:b/attempt/3/mode/train"
+    assert agent.anthropic_base_url() == f"{prefix}/anthropic"  # the SDK appends /v1/messages
+    assert agent.anthropic_base_url(agent="coder") == f"{prefix}/agent/coder/anthropic"
+    monkeypatch.setenv("AGL_OPENAI_BASE_URL", "http://elsewhere/v1")
+    with pytest.raises(NotInRolloutError):
+        agent.anthropic_base_url()

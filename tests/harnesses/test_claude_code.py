@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import StartStage
-from harness_support import CLAUDE_CODE, engine_saw, harness_binary, run_harness
+from harness_support import CLAUDE_CODE, StartStage, engine_saw, harness_binary, run_harness
 
 CONTENT = "hello from the scripted engine"
 FINAL = "The file out.txt now holds the greeting."

@@ -93,12 +93,6 @@ def test_codex_cli_runs_a_shell_command_through_the_gateway_and_its_calls_are_re
     assert response_part[built.rows.response_mask[0] == 1].tolist() == replies[0] + replies[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Responses dialect writes a custom call's input back as compact JSON "
-    "(keraunos/gateway/dialects/responses.py _tool_call: orjson), not as the engine sampled it "
-    "(json.dumps's separators), so the second call does not continue the first and the merge breaks",
-)
 def test_codex_cli_on_a_model_of_its_catalog_applies_a_freeform_patch_through_the_custom_apply_patch_tool(
     stage: StartStage, tmp_path: Path
 ) -> None:

@@ -20,6 +20,7 @@ says the same for users.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from typing import Any
 
@@ -174,7 +175,9 @@ def _tool_call(item: dict[str, Any], kind: str, param: str) -> dict[str, Any]:
         arguments = _required(item.get("arguments"), f"{param}.arguments")
     else:
         text = _required(item.get("input"), f"{param}.input")
-        arguments = orjson.dumps({CUSTOM_INPUT: text}).decode()
+        # As an engine writes a call's arguments (vLLM: json.dumps, its separators, no ASCII
+        # escapes), so the echoed call renders as the ids it sampled and the next prompt extends it.
+        arguments = json.dumps({CUSTOM_INPUT: text}, ensure_ascii=False)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 

@@ -14,9 +14,11 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 from proxy_support import model_requests, new_rollout
 
+from keraunos.gateway._errors import error_body
 from keraunos.testing.processes import Engine
 from keraunos.training._read import read_events
 
@@ -171,6 +173,43 @@ def test_a_wrong_key_on_a_messages_path_is_a_401_in_anthropics_shape(
         )
     body = caught.value.body
     assert isinstance(body, dict) and body["error"]["type"] == "authentication_error"
+
+
+def test_a_paused_gateway_refuses_a_messages_call_with_a_429_in_anthropics_shape_and_retry_after(
+    proxy_gateway: Any, rollout: str
+) -> None:
+    with proxy_gateway.client() as api:
+        assert (
+            api.post("/proxy/pause", json={"retry_after_seconds": 2, "reason": "weight swap"}).status_code
+            == 200
+        )
+    try:
+        with pytest.raises(anthropic.RateLimitError) as caught:
+            claude(proxy_gateway, rollout).messages.create(
+                model="claude-sonnet-4-5", max_tokens=4, messages=[{"role": "user", "content": USER}]
+            )
+    finally:
+        with proxy_gateway.client() as api:
+            assert api.post("/proxy/resume").status_code == 200
+    assert caught.value.response.headers["retry-after"] == "2"
+    body = caught.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "rate_limit_error"
+    assert "weight swap" in body["error"]["message"]
+
+
+def test_gateway_errors_on_a_messages_path_take_anthropics_shape_wherever_they_are_made() -> None:
+    # The auth, body-limit and not-found layers all write their errors through error_body.
+    path = "/proxy/rollout/r/attempt/0/mode/train/anthropic/v1/messages"
+    assert orjson.loads(error_body(path, 413, "too large")) == {
+        "type": "error",
+        "error": {"type": "request_too_large", "message": "too large"},
+    }
+    assert (
+        orjson.loads(error_body(path.replace("anthropic/v1/messages", "openai/v1/responses"), 413, "x"))[
+            "error"
+        ]["type"]
+        == "invalid_request_error"
+    )
 
 
 def test_an_engine_refusal_reaches_a_messages_agent_in_anthropics_shape_with_the_engines_message(
