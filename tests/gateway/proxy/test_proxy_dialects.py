@@ -16,6 +16,8 @@ import httpx
 import openai
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from proxy_support import model_requests, new_rollout
 
 from keraunos.gateway._errors import error_body
@@ -323,3 +325,45 @@ def test_malformed_bodies_on_either_route_are_4xx_never_5xx(
     else:
         assert body["error"]["message"]
     assert model_requests(proxy_gateway, rollout) == []
+
+
+# -- hostile bodies ---------------------------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+#: Bodies near valid ones: each top-level field the APIs read, with any JSON value (or left out).
+FIELDS = ("model", "max_tokens", "messages", "system", "tools", "tool_choice", "stream", "thinking",
+          "input", "instructions", "max_output_tokens", "text", "reasoning", "previous_response_id",
+          "metadata", "stop_sequences", "temperature")  # fmt: skip
+
+
+@settings(
+    derandomize=True,
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    path=st.sampled_from(["openai/v1/responses", "anthropic/v1/messages"]),
+    body=st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=6) | JSON_VALUES,
+)
+def test_any_json_body_on_either_route_is_answered_below_500_in_the_apis_shape(
+    proxy_gateway: Any, rollout: str, path: str, body: Any
+) -> None:
+    url = f"{proxy_gateway.base_url}/proxy/rollout/{rollout}/attempt/0/mode/train/{path}"
+    if isinstance(body, dict) and body.get("stream") is True:
+        body = {**body, "stream": False}  # a stream that opens is a 200 read elsewhere
+    response = httpx.post(url, json=body, headers=proxy_gateway.headers, timeout=30)
+    assert response.status_code < 500, response.text
+    answer = response.json()
+    if response.status_code >= 400:
+        error = answer["error"]
+        assert isinstance(error["message"], str) and error["message"]
+        assert (answer["type"] == "error") if path.startswith("anthropic") else ("code" in error)
+    else:
+        assert answer["type" if path.startswith("anthropic") else "object"] in ("message", "response")
