@@ -18,6 +18,7 @@ PACKAGE = Path(errors.__file__).resolve().parent
 # Control-flow exceptions that never leave their module, and HTTP exceptions (answered by FastAPI).
 INTERNAL = {
     "BodyTooLarge",  # gateway._limits: an HTTPException (413)
+    "DialectRequestError",  # gateway.dialects.base: a body a dialect refuses, answered 4xx by the route
     "NotAcknowledged",  # gateway.replicas: a pause not yet acknowledged by every replica
     "_BatchFailed",  # serving.server: fails the requests of one batch
     "Gone",  # controller.runners._k8s_watch: a watch to restart
