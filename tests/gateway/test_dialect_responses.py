@@ -543,7 +543,7 @@ def test_an_answer_cut_short_is_incomplete_with_the_reason_and_its_last_item_inc
     assert [item["status"] for item in response["output"]] == ["completed", "incomplete"]
 
 
-def test_the_engines_logprobs_are_carried_on_the_output_text_with_their_bytes() -> None:
+def test_the_engines_logprobs_are_carried_on_the_output_text_with_their_bytes_when_the_agent_asks() -> None:
     entries = [
         {
             "token": "Sun",
@@ -553,7 +553,14 @@ def test_the_engines_logprobs_are_carried_on_the_output_text_with_their_bytes() 
         },
         {"token": "ny", "logprob": -0.1, "top_logprobs": []},
     ]
-    response = RESPONSES.from_chat(BODY, completion("Sunny", logprobs=entries))
+    # Unasked (the proxy forces log probs in train mode for the record), the answer has none.
+    unasked = RESPONSES.from_chat(BODY, completion("Sunny", logprobs=entries))
+    assert unasked["output"][0]["content"][0]["logprobs"] == []
+    stream = RESPONSES.translator(BODY)
+    streamed = b"".join(stream.feed(c) for c in chunks(completion("Sunny", logprobs=entries)))
+    assert b'"logprobs":[{' not in streamed + stream.finish()
+    asked = {**BODY, "include": ["message.output_text.logprobs"]}
+    response = RESPONSES.from_chat(asked, completion("Sunny", logprobs=entries))
     Response.model_validate(response)
     assert response["output"][0]["content"][0]["logprobs"] == [
         {"token": "Sun", "bytes": [83, 117, 110], "logprob": -0.5, "top_logprobs": [{"token": "Sun", "bytes": [83, 117, 110], "logprob": -0.5}]},

@@ -675,6 +675,17 @@ def _close(item: dict[str, Any], status: str) -> None:
         item["status"] = status
 
 
+def _asks_logprobs(body: dict[str, Any]) -> bool:
+    """Whether the agent asked for log probs (`include` or `top_logprobs`): only then does its
+    answer carry them. The proxy asks the engine in train mode anyway (the record keeps them), but
+    the Responses API gives them only on request, and echoing them unasked doubles a stream's bytes."""
+    include = body.get("include")
+    top = body.get("top_logprobs")
+    return (isinstance(include, list) and _LOGPROBS_INCLUDE in include) or (
+        isinstance(top, int) and not isinstance(top, bool) and top > 0
+    )
+
+
 def from_chat(body: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any]:
     """The Responses answer to `body` made from the engine's chat `completion`."""
     choices = completion.get("choices")
@@ -692,7 +703,8 @@ def from_chat(body: dict[str, Any], completion: dict[str, Any]) -> dict[str, Any
     parts: list[dict[str, Any]] = []
     content = message.get("content")
     if isinstance(content, str) and content:
-        parts.append(_text_part(content, _logprobs(choice.get("logprobs"))))
+        logprobs = _logprobs(choice.get("logprobs")) if _asks_logprobs(body) else []
+        parts.append(_text_part(content, logprobs))
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal:
         parts.append({"type": "refusal", "refusal": refusal})
@@ -751,6 +763,7 @@ class ResponsesStream:
         self._custom_arguments = ""
         self._finish_reason: Any = None
         self._usage: Any = None
+        self._logprobs = _asks_logprobs(body)
 
     def _event(self, event: str, /, **fields: Any) -> bytes:
         data = orjson.dumps({"type": event, "sequence_number": self._sequence, **fields})
@@ -788,7 +801,8 @@ class ResponsesStream:
                 out += self._reasoning_delta(reasoning)
             content = delta.get("content")
             if isinstance(content, str) and content:
-                out += self._text_delta("output_text", content, _logprobs(choice.get("logprobs")))
+                logprobs = _logprobs(choice.get("logprobs")) if self._logprobs else []
+                out += self._text_delta("output_text", content, logprobs)
             refusal = delta.get("refusal")
             if isinstance(refusal, str) and refusal:
                 out += self._text_delta("refusal", refusal, [])
