@@ -73,14 +73,18 @@ API_PATHS = {
 }
 
 
-def loads_of(args: argparse.Namespace) -> list[str]:
-    """The loads to run, in order: each proxy load followed by its converted-API variants."""
+def loads_of(args: argparse.Namespace, run: int = 0) -> list[str]:
+    """The loads to run, in order: each direct load, then the proxy loads of every API. Run `run`
+    rotates the APIs by `run` places: each load adds its calls to the one ledger of the run, so a
+    later load meets a bigger ledger; over as many runs as APIs, each API runs in each place once."""
+    apis = args.apis[run % len(args.apis) :] + args.apis[: run % len(args.apis)]
     loads: list[str] = []
     for load in MODES[args.mode]:
-        loads.append(load)
-        if load.startswith("proxy"):
-            stream = " stream" if load.endswith("stream") else ""
-            loads.extend(f"proxy {api}{stream}" for api in args.apis if api != "chat")
+        if not load.startswith("proxy"):
+            loads.append(load)
+            continue
+        stream = " stream" if load.endswith("stream") else ""
+        loads.extend("proxy" + stream if api == "chat" else f"proxy {api}{stream}" for api in apis)
     return loads
 
 
@@ -268,7 +272,7 @@ async def measure(
 
 
 async def load_all(
-    engine: Server, gateways: list[Server], args: argparse.Namespace
+    engine: Server, gateways: list[Server], args: argparse.Namespace, run: int = 0
 ) -> dict[tuple[str, int], LoadResult]:
     """Register the engine, create the rollouts, then run every load at every concurrency.
 
@@ -292,7 +296,7 @@ async def load_all(
                 raise RuntimeError(f"creating rollouts -> {r.status}: {await r.text()}")
         for concurrency in args.concurrency:
             direct_urls = [f"{engine.base_url}/v1/chat/completions"] * concurrency
-            for load in loads_of(args):
+            for load in loads_of(args, run):
                 stream = load.endswith("stream")
                 api = api_of(load)
                 path, end = API_PATHS[api]
@@ -307,7 +311,7 @@ async def load_all(
     return results
 
 
-def run_once(args: argparse.Namespace, pg: Any) -> dict[tuple[str, int], LoadResult]:
+def run_once(args: argparse.Namespace, pg: Any, run: int = 0) -> dict[tuple[str, int], LoadResult]:
     with tempfile.TemporaryDirectory(prefix="keraunos-proxy-bench-") as tmp:
         workdir = Path(tmp)
         if args.db == "sqlite":
@@ -348,7 +352,7 @@ def run_once(args: argparse.Namespace, pg: Any) -> dict[tuple[str, int], LoadRes
                 for replica in range(args.replicas):
                     log = workdir / f"gateway-{replica}.log"
                     gateways.append(Server("gateway", args.server_cpus, gateway_args, "/healthz", log))
-                return asyncio.run(load_all(engine, gateways, args))
+                return asyncio.run(load_all(engine, gateways, args, run))
             finally:
                 for gateway in gateways:
                     gateway.stop()
@@ -391,7 +395,7 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
     header = ["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]
     rows = [header + (["added p50 / chat's", "added p99 / chat's"] if converted else [])]
     for concurrency in args.concurrency:
-        for load in loads_of(args):
+        for load in loads_of(args):  # reported in run 0's order
             results = [run[load, concurrency] for run in runs]
             if not all(r.supported for r in results):
                 rows.append([load, str(concurrency), "not supported (the gateway answers 400)"])
@@ -525,7 +529,7 @@ def main() -> None:
     try:
         for run in range(args.runs):
             print(f"run {run + 1}/{args.runs} ...", file=sys.stderr, flush=True)
-            runs.append(run_once(args, pg))
+            runs.append(run_once(args, pg, run))
     finally:
         if pg is not None:
             pg.stop()

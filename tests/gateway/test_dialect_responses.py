@@ -958,3 +958,21 @@ def test_any_answer_streamed_completes_as_the_same_response_as_unstreamed_with_i
     assert final == RESPONSES.from_chat(BODY, answer)
     Response.model_validate(final)
     assert [e["item"] for e in streamed if e["type"] == "response.output_item.done"] == final["output"]
+
+
+def test_a_text_chunk_makes_the_same_event_bytes_on_the_fast_path_as_through_the_general_one() -> None:
+    # The usual chunk (a text delta alone) is written without building its event's dict; a delta
+    # with one more key (`"role": None`) goes the general way: the bytes must not differ.
+    answer = completion("Sunny and warm, 21 degrees, a light wind from the west.")
+    plain = chunks(answer)
+    padded = [
+        {**c, "choices": [{**ch, "delta": {**ch["delta"], "role": None}} for ch in c["choices"]]}
+        if c.get("choices") and "content" in c["choices"][0].get("delta", {})
+        else c
+        for c in plain
+    ]
+    fast, general = RESPONSES.translator(BODY), RESPONSES.translator(BODY)
+    assert (
+        b"".join(fast.feed(c) for c in plain) + fast.finish()
+        == b"".join(general.feed(c) for c in padded) + general.finish()
+    )

@@ -675,6 +675,13 @@ def _close(item: dict[str, Any], status: str) -> None:
         item["status"] = status
 
 
+#: What every `response.output_text.delta` event without log probs starts and ends with.
+_TEXT_DELTA_HEAD = (
+    b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":'
+)
+_TEXT_DELTA_TAIL = b',"logprobs":[]}\n\n'
+
+
 def _asks_logprobs(body: dict[str, Any]) -> bool:
     """Whether the agent asked for log probs (`include` or `top_logprobs`): only then does its
     answer carry them. The proxy asks the engine in train mode anyway (the record keeps them), but
@@ -764,6 +771,9 @@ class ResponsesStream:
         self._finish_reason: Any = None
         self._usage: Any = None
         self._logprobs = _asks_logprobs(body)
+        # The fixed bytes around a text delta of the open output_text part (`_plain_text`), made
+        # when the part opens: (item id, output index, content index) they were made for, and them.
+        self._plain: tuple[tuple[str, int, int], bytes] | None = None
 
     def _event(self, event: str, /, **fields: Any) -> bytes:
         data = orjson.dumps({"type": event, "sequence_number": self._sequence, **fields})
@@ -786,8 +796,41 @@ class ResponsesStream:
             "response.in_progress", response=response
         )
 
+    def _plain_text(self, chunk: dict[str, Any]) -> bytes | None:
+        """The usual chunk (one choice whose delta is only text, no finish, no usage) while an
+        output_text part is open and no log probs are asked: its one event, the bytes `_text_delta`
+        writes, without building the event's dict. None for any other chunk (the general path)."""
+        part, item = self._part, self._open
+        if self._logprobs or part is None or item is None or part["type"] != "output_text":
+            return None
+        choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("index", 0) != 0 or choice.get("finish_reason") is not None:
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or len(delta) != 1:
+            return None
+        text = delta.get("content")
+        if type(text) is not str or not text:
+            return None
+        key = (item["id"], len(self._output) - 1, len(item["content"]) - 1)
+        if self._plain is None or self._plain[0] != key:
+            where = orjson.dumps({"item_id": key[0], "output_index": key[1], "content_index": key[2]})
+            self._plain = (key, b"," + where[1:-1] + b',"delta":')
+        part["text"] += text
+        sequence = self._sequence
+        self._sequence += 1
+        return b"".join(
+            (_TEXT_DELTA_HEAD, str(sequence).encode(), self._plain[1], orjson.dumps(text), _TEXT_DELTA_TAIL)
+        )
+
     def feed(self, chunk: dict[str, Any]) -> bytes:
         """The events one chat chunk becomes (b"" for a chunk with nothing new, e.g. a role)."""
+        plain = self._plain_text(chunk)
+        if plain is not None:
+            return plain
         out = self._start(chunk) if self._base is None else b""
         if isinstance(chunk.get("usage"), dict):
             self._usage = chunk["usage"]
