@@ -66,7 +66,8 @@ def openai_error(
     return orjson.dumps({"detail": message, "error": error, **extra})
 
 
-#: Anthropic's `error.type` for each status (what its SDK maps to an exception class).
+#: Anthropic's `error.type` for each status (what its SDK maps to an exception class); another 4xx
+#: is `invalid_request_error`, another 5xx `api_error`.
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -74,26 +75,30 @@ _ANTHROPIC_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
     529: "overloaded_error",
 }
 
 
-def anthropic_error(status_code: int, message: str) -> bytes:
+def anthropic_error(status_code: int, message: str, *, code: str | None = None) -> bytes:
     """The JSON body of an error in the Anthropic Messages API's shape:
-    `{"type": "error", "error": {"type", "message"}}` (docs/harnesses.md)."""
+    `{"type": "error", "error": {"type", "message"}}` (docs/harnesses.md); the gateway's own
+    `code`, when there is one, rides along in `error.code`."""
     kind = _ANTHROPIC_TYPES.get(status_code)
     if kind is None:
         kind = "api_error" if status_code >= 500 else "invalid_request_error"
-    if status_code == 503:
-        kind = "overloaded_error"
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+    error: dict[str, Any] = {"type": kind, "message": message}
+    if code is not None:
+        error["code"] = code
+    return orjson.dumps({"type": "error", "error": error})
 
 
 def proxy_error(path: str, status_code: int, message: str, *, code: str | None = None) -> bytes:
     """The body of an error the gateway makes on proxy `path`: Anthropic's shape under a
     rollout's `anthropic/v1/`, OpenAI's everywhere else."""
     if "/anthropic/v1/" in path:
-        return anthropic_error(status_code, message)
+        return anthropic_error(status_code, message, code=code)
     return openai_error(status_code, message, code=code)
 
 

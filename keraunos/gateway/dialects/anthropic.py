@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from keraunos.gateway._errors import anthropic_error
 from keraunos.gateway.dialects.base import Dialect, DialectRequestError
 
 #: The longest `metadata.user_id` kept as the chat `user` (OpenAI's limit); a longer one is dropped.
@@ -27,19 +28,6 @@ _USER_MAX = 256
 
 #: The `tool_choice` types and the chat `tool_choice` each becomes (`tool` names a function).
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
-
-#: The API's `error.type` for each status (an unlisted 4xx is `invalid_request_error`).
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
 
 #: chat `finish_reason` -> Messages `stop_reason` (`stop` may become `stop_sequence`, see `_stop`).
 _STOP_REASONS = {
@@ -642,20 +630,11 @@ class MessagesStream:
 # -- errors ----------------------------------------------------------------------------------------
 
 
-def error_type(status: int) -> str:
-    """The API's `error.type` for an HTTP status."""
-    if status in _ERROR_TYPES:
-        return _ERROR_TYPES[status]
-    return "api_error" if status >= 500 else "invalid_request_error"
-
-
 def error_body(status: int, message: str, *, code: str | None = None) -> bytes:
     """`{"type": "error", "error": {"type", "message"}}`, as the API answers (and the SDK parses); the
-    gateway's own `code`, when there is one, rides along in `error.code`."""
-    error: dict[str, Any] = {"type": error_type(status), "message": message}
-    if code is not None:
-        error["code"] = code
-    return orjson.dumps({"type": "error", "error": error})
+    gateway's own `code`, when there is one, rides along in `error.code`. One shape with the errors
+    the gateway's other layers make on these paths (`keraunos.gateway._errors.anthropic_error`)."""
+    return anthropic_error(status, message, code=code)
 
 
 class AnthropicMessages:
