@@ -12,15 +12,14 @@ gateway's own route is tested through a real gateway elsewhere.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from dialect_mutations import DELETE, mutated, paths
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
@@ -806,30 +805,7 @@ VALID: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _paths(item, (*prefix, index))
-
-
-VALID_PATHS = [p for p in _paths(VALID) if p]
-DELETE = object()
-
-
-def _mutated(path: tuple[Any, ...], replacement: Any) -> dict[str, Any]:
-    body = copy.deepcopy(VALID)
-    node: Any = body
-    for step in path[:-1]:
-        node = node[step]
-    if replacement is DELETE:
-        del node[path[-1]]
-    else:
-        node[path[-1]] = replacement
-    return body
+VALID_PATHS = [p for p in paths(VALID) if p]
 
 
 def test_the_valid_body_the_mutations_start_from_converts() -> None:
@@ -869,7 +845,7 @@ def test_a_valid_body_with_any_one_part_replaced_or_removed_converts_or_is_refus
     path: tuple[Any, ...], replacement: Any
 ) -> None:
     try:
-        chat = RESPONSES.to_chat(_mutated(path, replacement))
+        chat = RESPONSES.to_chat(mutated(VALID, path, replacement))
     except DialectRequestError as error:
         assert error.status == 400 and error.message.startswith(f"{error.param}: ")
         return
