@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from harness_support import CODEX, StartStage, engine_saw, harness_binary, run_harness
 
 CONTENT = "hello from the scripted engine"
