@@ -20,8 +20,10 @@ Messages API (`.../anthropic/v1/messages`) and the OpenAI Responses API (`.../op
 which the gateway converts to the chat call above and back (docs/harnesses.md); their added latency
 is also given as a ratio to the chat proxy load's of the same run.
 Reported per load and concurrency: calls/s, p50 and p99 latency, and for a proxy load the latency it
-adds over its direct load at the same concurrency (p50 - p50, p99 - p99 of the same run). Cells are
-min / median / max over `--runs`.
+adds over its direct load at the same concurrency (p50 - p50, p99 - p99 of the same run) and the CPU
+time the gateway processes spent per call during the measured seconds (user + system, all threads,
+from /proc: the proxy's cost without the machine's scheduling noise). Cells are min / median / max
+over `--runs`.
 
     python benchmarks/proxy.py --runs 3                        # defaults below
     python benchmarks/proxy.py --runs 1 --duration 3           # a quick check
@@ -109,6 +111,8 @@ class LoadResult:
     p99_ms: float = 0.0
     calls: int = 0
     supported: bool = True
+    #: CPU time (user + system) the gateways spent per call during the measured seconds, in ms.
+    cpu_ms_per_call: float = float("nan")
 
 
 def free_port() -> int:
@@ -244,6 +248,19 @@ async def closed_loop(
     return latencies
 
 
+#: Whether processes' CPU times can be read (/proc: Linux).
+_PROC = Path("/proc/self/stat").exists()
+
+
+def cpu_seconds(servers: list[Server]) -> float:
+    """User + system CPU seconds the servers' processes (all their threads) have used so far."""
+    total = 0.0
+    for server in servers:
+        fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
 async def measure(
     session: aiohttp.ClientSession,
     urls: list[str],
@@ -251,6 +268,7 @@ async def measure(
     stream: bool,
     args: argparse.Namespace,
     end: bytes = b"data: [DONE]",
+    gateways: list[Server] | None = None,
 ) -> LoadResult:
     if stream:  # a gateway without streaming support refuses streamed calls with 400
         status = await one_call(session, urls[0], body, stream, end)
@@ -259,15 +277,19 @@ async def measure(
         if status != 200:
             raise RuntimeError(f"streamed probe of {urls[0]} -> {status}")
     await closed_loop(session, urls, body, stream, args.warmup, end)
+    measured = bool(gateways) and _PROC
+    cpu = cpu_seconds(gateways) if measured else 0.0
     start = time.perf_counter()
     latencies = await closed_loop(session, urls, body, stream, args.duration, end)
     elapsed = time.perf_counter() - start
+    cpu = cpu_seconds(gateways) - cpu if measured else float("nan")
     latencies.sort()
     return LoadResult(
         calls_per_s=len(latencies) / elapsed,
         p50_ms=percentile(latencies, 0.50),
         p99_ms=percentile(latencies, 0.99),
         calls=len(latencies),
+        cpu_ms_per_call=cpu * 1000 / len(latencies) if latencies else float("nan"),
     )
 
 
@@ -307,7 +329,8 @@ async def load_all(
                         for i, r in enumerate(rollouts[:concurrency])
                     ]
                 body = api_body(args, api, stream)
-                results[load, concurrency] = await measure(session, urls, body, stream, args, end)
+                on = gateways if load.startswith("proxy") else None
+                results[load, concurrency] = await measure(session, urls, body, stream, args, end, on)
     return results
 
 
@@ -392,27 +415,38 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
     )
     print("cells: min / median / max over runs\n")
     converted = any(api != "chat" for api in args.apis)
-    header = ["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"]
-    rows = [header + (["added p50 / chat's", "added p99 / chat's"] if converted else [])]
+    header = ["load", "conc", "calls/s", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "gw CPU ms/call"]
+    rows = [header + (["added p50 / chat's", "added p99 / chat's", "CPU / chat's"] if converted else [])]
     for concurrency in args.concurrency:
         for load in loads_of(args):  # reported in run 0's order
             results = [run[load, concurrency] for run in runs]
             if not all(r.supported for r in results):
                 rows.append([load, str(concurrency), "not supported (the gateway answers 400)"])
                 continue
-            added50 = added99 = "-"
-            ratios = ["-", "-"] if converted else []
+            added50 = added99 = cpu = "-"
+            ratios = ["-", "-", "-"] if converted else []
             baseline = baseline_of(load)
             if baseline is not None:
                 direct = [run[baseline, concurrency] for run in runs]
                 added50 = cell([r.p50_ms - d.p50_ms for r, d in zip(results, direct, strict=True)], 2)
                 added99 = cell([r.p99_ms - d.p99_ms for r, d in zip(results, direct, strict=True)], 2)
+                cpu = cell([r.cpu_ms_per_call for r in results], 3)
                 if api_of(load) != "chat":
                     chat_load = "proxy stream" if load.endswith("stream") else "proxy"
                     ratios = [
                         cell([_ratio(run, load, chat_load, baseline, concurrency, q) for run in runs], 2)
                         for q in ("p50_ms", "p99_ms")
                     ]
+                    ratios.append(
+                        cell(
+                            [
+                                run[load, concurrency].cpu_ms_per_call
+                                / run[chat_load, concurrency].cpu_ms_per_call
+                                for run in runs
+                            ],
+                            2,
+                        )
+                    )
             rows.append(
                 [
                     load,
@@ -422,6 +456,7 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
                     cell([r.p99_ms for r in results], 2),
                     added50,
                     added99,
+                    cpu,
                     *ratios,
                 ]
             )
