@@ -55,8 +55,9 @@ class PositionedReward:
     """A reward posted during a rollout, with the call it follows.
 
     `after_call` is the index (into the rollout's triplets) of the last call recorded before the
-    reward, 0 for a reward posted before any call: credit assignment gives it to that call and the
-    ones before it (`keraunos.training.credit`). `agent_id` and `turn` are the event's
+    reward, 0 for a reward posted before any call: credit assignment gives it to that call alone
+    (`per_turn`) or to it and the calls before it (`return_to_go`; `keraunos.training.credit`).
+    `agent_id` and `turn` are the event's
     `data.agent_id` and `data.turn`, kept as given (None when absent).
     """
 
