@@ -243,6 +243,31 @@ def test_a_tool_call_reply_matches_when_the_agent_sends_it_back_without_its_id_a
     assert exact_prompt(memory, changed) == exact.Miss(exact.MESSAGES_DIFFER)
 
 
+def test_a_whitespace_only_reply_text_the_agent_dropped_when_sending_the_turn_back_still_matches() -> None:
+    # Claude Code drops a whitespace-only text block sampled before a tool call (through the
+    # Messages conversion the turn comes back with no text): the sampled ids still continue.
+    memory = exact.Memory(10_000)
+    call = {"id": "call-1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    answer = response(render([SYSTEM, USER]), ("", [7000, 7001, 7002], "tool_calls"))
+    answer["choices"][0]["message"] = {"role": "assistant", "content": "\n\n", "tool_calls": [call]}
+    keep(memory, {"messages": [SYSTEM, USER]}, answer)
+    tool = {"role": "tool", "tool_call_id": "call-1", "content": "2"}
+    for sent in (None, "", "\n"):
+        back = {
+            "messages": [SYSTEM, USER, {"role": "assistant", "content": sent, "tool_calls": [call]}, tool]
+        }
+        spliced = exact_prompt(memory, back)
+        assert isinstance(spliced, np.ndarray), sent
+        assert spliced[: len(render([SYSTEM, USER])) + 3].tolist() == [
+            *render([SYSTEM, USER]),
+            7000,
+            7001,
+            7002,
+        ]
+    text = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "ok", "tool_calls": [call]}, tool]}
+    assert exact_prompt(memory, text) == exact.Miss(exact.MESSAGES_DIFFER)  # real text must still match
+
+
 def test_a_template_that_does_not_render_the_reply_after_its_generation_prompt_falls_back() -> None:
     memory = exact.Memory(10_000)
     first_call(memory, "Bees make honey", stopped=False)

@@ -252,7 +252,10 @@ def _same_reply(sent: dict[str, Any], reply: Reply) -> bool:
         if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
             return False
         content = "".join(texts)  # type: ignore[arg-type]
-    if content != reply.content:
+    # Whitespace-only text counts as none: a harness may drop it when it sends the turn back (Claude
+    # Code drops a "\n\n" text block sampled before a tool call). The splice uses the sampled ids,
+    # not the text sent back, so the next prompt still extends the call exactly.
+    if content != reply.content and (content.strip() or reply.content.strip()):
         return False
     calls = _tool_calls(sent.get("tool_calls"))
     if calls is None or len(calls) != len(reply.tool_calls):
