@@ -425,20 +425,7 @@ class EngineApp:
         tokenizer = self.tokenizer
         if chat:
             for index in range(len(outputs)):
-                chunk: dict[str, Any] = {
-                    **head,
-                    "choices": [
-                        {
-                            "index": index,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-                if gen.return_ids:
-                    chunk["prompt_token_ids"] = gen.prompts[0]
-                if not await emit(chunk):
+                if not await emit(_opening_chunk(head, index, gen)):
                     return
         offsets = [0] * len(outputs)
         steps = max(len(ids) for ids, _ in outputs)
@@ -573,22 +560,9 @@ class EngineApp:
             return
 
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-        events: list[dict[str, Any] | bytes] = []
-        for index in range(len(choices)):
-            opening: dict[str, Any] = {
-                **head,
-                "choices": [
-                    {
-                        "index": index,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-            if gen.return_ids:
-                opening["prompt_token_ids"] = gen.prompts[0]
-            events.append(opening)
+        events: list[dict[str, Any] | bytes] = [
+            _opening_chunk(head, index, gen) for index in range(len(choices))
+        ]
         for index, (_, pieces) in enumerate(choices):
             for number, (delta, text, ids) in enumerate(pieces):
                 last = number == len(pieces) - 1
@@ -717,6 +691,25 @@ async def _send_json(send: Any, status: int, payload: Any) -> None:
     data = orjson.dumps(payload)
     await send({"type": "http.response.start", "status": status, "headers": _headers(_JSON, len(data))})
     await send({"type": "http.response.body", "body": data})
+
+
+def _opening_chunk(head: dict[str, Any], index: int, gen: _Generation) -> dict[str, Any]:
+    """The first chunk of choice `index` of a streamed chat answer, as vLLM sends it: the role and
+    an empty content (with the prompt ids when they were asked for)."""
+    chunk: dict[str, Any] = {
+        **head,
+        "choices": [
+            {
+                "index": index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+    }
+    if gen.return_ids:
+        chunk["prompt_token_ids"] = gen.prompts[0]
+    return chunk
 
 
 async def _close_connection(send: Any, receive: Any) -> None:

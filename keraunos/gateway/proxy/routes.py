@@ -153,7 +153,8 @@ async def _model_call(
 ) -> Response:
     """One model call on `family`/v1/`path`; a call in a converted API (`DIALECT_PATHS`) gets
     every error in that API's shape (docs/harnesses.md)."""
-    dialect = DIALECT_PATHS.get(f"{family}/v1/{path}")
+    # A chat or completions call (the hot path) builds no key to look up.
+    dialect = None if family == "openai" and path in CALL_PATHS else DIALECT_PATHS.get(f"{family}/v1/{path}")
     response = await _admitted_call(request, rollout_id, attempt_id, mode, path, path_agent, family, dialect)
     if dialect is not None and response.status_code >= 400 and not isinstance(response, StreamedCall):
         return error_in_dialect(dialect, response)
