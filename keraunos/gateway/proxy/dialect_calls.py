@@ -32,6 +32,9 @@ DIALECT_PATHS: dict[str, Dialect] = {
     "openai/v1/responses": RESPONSES,
     "anthropic/v1/messages": MESSAGES,
 }
+#: The dialect whose error shape every answer under a family's prefix takes, served path or not
+#: (an unknown `anthropic/v1/...` path is a 404 an Anthropic client must be able to read).
+FAMILY_ERRORS: dict[str, Dialect] = {"anthropic": MESSAGES}
 
 #: Headers of a gateway error that its conversion keeps (the pause 429's Retry-After, replay's
 #: x-should-retry).

@@ -37,6 +37,7 @@ from keraunos.gateway.proxy.answers import (
 )
 from keraunos.gateway.proxy.dialect_calls import (
     DIALECT_PATHS,
+    FAMILY_ERRORS,
     answer_in_dialect,
     error_in_dialect,
     is_side_call,
@@ -156,8 +157,9 @@ async def _model_call(
     # A chat or completions call (the hot path) builds no key to look up.
     dialect = None if family == "openai" and path in CALL_PATHS else DIALECT_PATHS.get(f"{family}/v1/{path}")
     response = await _admitted_call(request, rollout_id, attempt_id, mode, path, path_agent, family, dialect)
-    if dialect is not None and response.status_code >= 400 and not isinstance(response, StreamedCall):
-        return error_in_dialect(dialect, response)
+    shape = dialect if dialect is not None else FAMILY_ERRORS.get(family)
+    if shape is not None and response.status_code >= 400 and not isinstance(response, StreamedCall):
+        return error_in_dialect(shape, response)
     return response
 
 

@@ -162,8 +162,20 @@ def test_count_tokens_is_refused_clearly_in_anthropics_shape(proxy_gateway: Any,
             model="claude-sonnet-4-5", messages=[{"role": "user", "content": USER}]
         )
     body = caught.value.body
-    assert isinstance(body, dict) and body["error"]["type"] == "not_found_error"
+    assert isinstance(body, dict) and body["type"] == "error"  # Anthropic's shape, not OpenAI's
+    assert body["error"]["type"] == "not_found_error"
     assert "count_tokens is not served" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["mode/nope/anthropic/v1/messages", "mode/train/anthropic/v1/complete"])
+def test_an_unknown_mode_or_path_under_anthropic_is_a_404_in_anthropics_shape(
+    proxy_gateway: Any, rollout: str, path: str
+) -> None:
+    url = f"{proxy_gateway.base_url}/proxy/rollout/{rollout}/attempt/0/{path}"
+    response = httpx.post(url, json={}, headers=proxy_gateway.headers, timeout=30)
+    assert response.status_code == 404
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "not_found_error"
 
 
 def test_a_wrong_key_on_a_messages_path_is_a_401_in_anthropics_shape(
@@ -174,7 +186,9 @@ def test_a_wrong_key_on_a_messages_path_is_a_401_in_anthropics_shape(
             model="claude-sonnet-4-5", max_tokens=4, messages=[{"role": "user", "content": USER}]
         )
     body = caught.value.body
-    assert isinstance(body, dict) and body["error"]["type"] == "authentication_error"
+    assert (
+        isinstance(body, dict) and body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    )
 
 
 def test_a_paused_gateway_refuses_a_messages_call_with_a_429_in_anthropics_shape_and_retry_after(
@@ -195,7 +209,7 @@ def test_a_paused_gateway_refuses_a_messages_call_with_a_429_in_anthropics_shape
             assert api.post("/proxy/resume").status_code == 200
     assert caught.value.response.headers["retry-after"] == "2"
     body = caught.value.body
-    assert isinstance(body, dict) and body["error"]["type"] == "rate_limit_error"
+    assert isinstance(body, dict) and body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
     assert "weight swap" in body["error"]["message"]
 
 
