@@ -80,3 +80,12 @@ def test_claude_code_writes_a_file_through_the_gateway_and_its_calls_are_recorde
     replies = [call["response"]["choices"][0]["token_ids"] for call in calls]
     response_part = built.rows.input_ids[0, built.rows.prompt_len :]
     assert response_part[built.rows.response_mask[0] == 1].tolist() == replies[0] + replies[1]
+
+
+def test_ci_installs_the_harness_versions_the_tests_pin() -> None:
+    from harness_support import CODEX
+    from prerequisites import REPO
+
+    script = (REPO / ".ci" / "run").read_text()
+    assert f"CLAUDE_CODE_VERSION={CLAUDE_CODE[2]}\n" in script
+    assert f"CODEX_VERSION={CODEX[2]}\n" in script
