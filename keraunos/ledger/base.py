@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from keraunos.audit import AuditDraft, AuditEntry
+from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery
 from keraunos.ledger.codec._wire import WireCall
 from keraunos.protocol import (
     MODEL_REQUEST,
@@ -191,6 +192,28 @@ class RetentionMarks:
     in_release: bool
 
 
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One training step's metrics as a trainer reported them (`keraunos.training.records.step_metrics`):
+    the run, the step, when it was stored, and the flat record (a NaN or infinity stored as None)."""
+
+    run_id: str
+    step: int
+    at: float
+    record: dict[str, float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A training run that reported metrics: how many steps, the last one, when it first and last did."""
+
+    run_id: str
+    steps: int
+    last_step: int
+    first_at: float
+    last_at: float
+
+
 class Ledger(abc.ABC):
     """An async, durable store. Use as `async with ledger:` or call `open()` / `close()`."""
 
@@ -255,6 +278,11 @@ class Ledger(abc.ABC):
         Positions are gap-free; deleted rollouts keep theirs but are left out of `items`.
         `next_after` is `after` plus the number of positions covered by the page.
         """
+
+    @abc.abstractmethod
+    async def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        """One page of the rollouts `query` filters, in its order, and how many match in all (read in
+        one snapshot); the rows carry no input, config or metadata (`keraunos.ledger._rollout_query`)."""
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -589,3 +617,19 @@ class Ledger(abc.ABC):
         appends the purge's one audit entry (`retention.purge`, by `actor`) in its transaction.
         `dry_run` deletes nothing, reclaims nothing and records nothing: the report says what
         would go."""
+
+    # -- training runs (docs/protocol.md#training-runs) --------------------------------------------
+
+    @abc.abstractmethod
+    async def put_step_record(self, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+        """Store one step's metrics of a run; a step reported again replaces its record (a resumed
+        run repeats the steps its checkpoint did not cover)."""
+
+    @abc.abstractmethod
+    async def list_runs(self, limit: int) -> list[RunSummary]:
+        """Up to `limit` runs that reported metrics, the most recently reporting first."""
+
+    @abc.abstractmethod
+    async def step_records(self, run_id: str, after_step: int, limit: int) -> list[StepRecord]:
+        """Up to `limit` step records of the run with a step above `after_step`, in step order
+        (empty for an unknown run); page on with the last step as `after_step`."""

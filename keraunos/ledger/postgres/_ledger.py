@@ -57,7 +57,10 @@ from keraunos.ledger.base import (
     NewRollout,
     NewVersion,
     RetentionMarks,
+    RunSummary,
+    StepRecord,
 )
+from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery
 from keraunos.ledger.codec import encode_json
 from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
 from keraunos.ledger.errors import (
@@ -70,6 +73,8 @@ from keraunos.ledger.postgres import _attempts as attempts
 from keraunos.ledger.postgres import _releases as releases
 from keraunos.ledger.postgres import _resources as registry
 from keraunos.ledger.postgres import _retention as retention
+from keraunos.ledger.postgres import _rollout_pages as rollout_pages
+from keraunos.ledger.postgres import _step_records as run_records
 from keraunos.ledger.postgres import _version_stats as version_stats
 from keraunos.ledger.postgres._events import ChainCache, append_call
 from keraunos.ledger.postgres._pool import Pool, PoolSettings, row_count
@@ -280,6 +285,9 @@ class PostgresLedger(Ledger):
     async def delete_rollout(self, rollout_id: str) -> None:
         # Its events, attempts and logs go with it (ON DELETE CASCADE); the terminal counter stays.
         await self._pool.execute("DELETE FROM rollouts WHERE rollout_id = $1", rollout_id)
+
+    async def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        return await self._pool.run(lambda conn: rollout_pages.page(conn, query))
 
     async def terminal_page(self, after: int, limit: int) -> TerminalPage:
         after = max(0, after)
@@ -674,6 +682,17 @@ class PostgresLedger(Ledger):
             bytes_after=await self._pool.run(retention.touched_bytes),
             audit_seq=None if entry is None else entry.seq,
         )
+
+    # -- training runs (SQL in _step_records.py) -----------------------------------------------
+
+    async def put_step_record(self, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+        await self._pool.run(lambda conn: run_records.put(conn, run_id, step, record, now))
+
+    async def list_runs(self, limit: int) -> list[RunSummary]:
+        return await self._pool.run(lambda conn: run_records.runs(conn, limit))
+
+    async def step_records(self, run_id: str, after_step: int, limit: int) -> list[StepRecord]:
+        return await self._pool.run(lambda conn: run_records.records(conn, run_id, after_step, limit))
 
 
 @functools.cache

@@ -337,6 +337,18 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE models DROP CONSTRAINT models_model_endpoint_key;
     ALTER TABLE models ADD CONSTRAINT models_model_endpoint_agent_id_key UNIQUE (model, endpoint, agent_id);
     """,
+    # 9: the metrics a trainer reports for each step of a run (SQLite's step 11,
+    # docs/protocol.md#training-runs); a step reported again replaces its row.
+    """
+    CREATE TABLE step_records (
+        run_id text NOT NULL,
+        step   bigint NOT NULL,
+        at     double precision NOT NULL,
+        record text NOT NULL,
+        PRIMARY KEY (run_id, step)
+    );
+    CREATE INDEX step_records_by_time ON step_records (at);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -61,7 +61,10 @@ from keraunos.ledger.base import (
     NewRollout,
     NewVersion,
     RetentionMarks,
+    RunSummary,
+    StepRecord,
 )
+from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery
 from keraunos.ledger.codec import encode_json, encode_model_request
 from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
 from keraunos.ledger.codec._wire import WireCall, encode_wire
@@ -76,6 +79,8 @@ from keraunos.ledger.sqlite import _attempts as attempts
 from keraunos.ledger.sqlite import _releases as releases
 from keraunos.ledger.sqlite import _resources as registry
 from keraunos.ledger.sqlite import _retention as retention
+from keraunos.ledger.sqlite import _rollout_pages as rollout_pages
+from keraunos.ledger.sqlite import _step_records as run_records
 from keraunos.ledger.sqlite import _version_stats as version_stats
 from keraunos.ledger.sqlite._checkpoint import WRITER_CHECKPOINT_PAGES, Checkpointer
 from keraunos.ledger.sqlite._compaction import Compactor, WireRow
@@ -432,6 +437,9 @@ class SqliteLedger(Ledger):
             )
 
         return await self._read(op)
+
+    async def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        return await self._read(lambda conn: rollout_pages.page(conn, query))
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -852,6 +860,17 @@ class SqliteLedger(Ledger):
             bytes_after=retention.file_bytes(self.path),
             audit_seq=None if entry is None else entry.seq,
         )
+
+    # -- training runs (SQL in _step_records.py) -----------------------------------------------
+
+    async def put_step_record(self, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+        await self._write(lambda conn: run_records.put(conn, run_id, step, record, now), savepoint=False)
+
+    async def list_runs(self, limit: int) -> list[RunSummary]:
+        return await self._read(lambda conn: run_records.runs(conn, limit))
+
+    async def step_records(self, run_id: str, after_step: int, limit: int) -> list[StepRecord]:
+        return await self._read(lambda conn: run_records.records(conn, run_id, after_step, limit))
 
 
 # -- operations (run inside a write batch's transaction) -------------------------------------------

@@ -270,6 +270,18 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE models;
     ALTER TABLE models_by_agent RENAME TO models;
     """,
+    # 11: the metrics a trainer reports for each step of a run (docs/protocol.md#training-runs),
+    # for the dashboard's training curves; a step reported again replaces its row.
+    """
+    CREATE TABLE step_records (
+        run_id TEXT NOT NULL,
+        step   INTEGER NOT NULL,
+        at     REAL NOT NULL,                     -- when the gateway stored it
+        record TEXT NOT NULL,                     -- the flat record as JSON, non-finite as null
+        PRIMARY KEY (run_id, step)
+    ) WITHOUT ROWID;
+    CREATE INDEX step_records_by_time ON step_records (at);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -1,0 +1,20 @@
+"""A filtered, sorted page of rollouts in PostgreSQL (`Ledger.page_rollouts`), for the dashboard's table.
+
+The statement is `keraunos.ledger._rollout_query`'s, over the `group_id` column; the page and the
+count run in one repeatable-read transaction, so the total never disagrees with the rows.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery, page_sql, row_of
+
+
+async def page(conn: asyncpg.Connection, query: RolloutQuery) -> RolloutPage:
+    """The page `query` asks for, and how many rollouts match it."""
+    sql = page_sql(query, group_id="r.group_id", param=lambda n: f"${n}")
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = await conn.fetch(sql.select, *sql.select_args)
+        total = await conn.fetchval(sql.count, *sql.count_args)
+    return RolloutPage([row_of(tuple(row)) for row in rows], int(total))
