@@ -46,7 +46,9 @@ PATCHABLE = ("k8s_job_name", "last_attempt_id", "error_message")
 
 _DEFAULT_CONFIG_PLAIN: dict[str, Any] = RolloutConfig().model_dump()
 _DEFAULT_CONFIG_JSON = encode_json(_DEFAULT_CONFIG_PLAIN)
-_DEFAULT_METADATA = RolloutMetadata()
+_DEFAULT_METADATA_PLAIN: dict[str, Any] = RolloutMetadata().model_dump()
+#: RolloutMetadata's declared fields, all of plain types (an int or None).
+_METADATA_FIELDS = tuple(RolloutMetadata.model_fields)
 
 
 def fresh_rollout_id() -> str:
@@ -58,7 +60,15 @@ def plain_parts(item: RolloutCreate) -> tuple[dict[str, Any], dict[str, Any]]:
     """The item's config and metadata as plain data (python mode: NaN stays NaN), the defaults for
     those it omits; the returned dicts are shared and must not be changed."""
     config = _DEFAULT_CONFIG_PLAIN if item.config is None else item.config.model_dump()
-    metadata = (item.metadata if item.metadata is not None else _DEFAULT_METADATA).model_dump()
+    given = item.metadata
+    if given is None:
+        metadata = _DEFAULT_METADATA_PLAIN
+    elif given.__pydantic_extra__:
+        metadata = given.model_dump()
+    else:
+        # The declared fields are plain values (`model_dump` would return them as they are), read
+        # directly: model_dump cost ~1.5 us an item, a tenth of a 100-rollout create's ledger work.
+        metadata = {name: getattr(given, name) for name in _METADATA_FIELDS}
     return config, metadata
 
 

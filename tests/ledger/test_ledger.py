@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keraunos.ledger import InvalidTransition, Ledger, RolloutNotFound
+from keraunos.ledger.base import NewRollout
 from keraunos.protocol import (
     TERMINAL_STATES,
     VALID_TRANSITIONS,
@@ -578,6 +579,53 @@ def test_arbitrary_event_data_reads_back_exactly(make_ledger: MakeLedger, data: 
 
     for event in anyio.run(roundtrip):
         assert exact(event["data"]) == exact(data)
+
+
+_metadata_plain = st.fixed_dictionaries(
+    {"batch_idx": st.none() | st.integers(), "sample_idx_in_batch": st.none() | st.integers(-5, 5)},
+    optional={"group": json_values, "extra": json_values},
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    inputs=st.lists(json_values, min_size=1, max_size=4),
+    metadata=st.none() | _metadata_plain,
+    is_train=st.booleans(),
+)
+def test_a_created_rollout_is_answered_as_its_model_serialises(
+    make_ledger: MakeLedger, inputs: list[Any], metadata: dict[str, Any] | None, is_train: bool
+) -> None:
+    # The create route answers with each `NewRollout`'s `json` when it has one (bytes written around
+    # the stored input, config and metadata), else with `plain`: both must be the model's own.
+    items = [
+        RolloutCreate(
+            input=rollout_input,
+            is_train=is_train,
+            metadata=None if metadata is None else RolloutMetadata.model_validate(metadata),
+        )
+        for rollout_input in inputs
+    ]
+
+    async def create() -> list[Any]:
+        async with make_ledger() as ledger:
+            return await ledger.add_rollouts(items, 1.5)
+
+    for created in anyio.run(create):
+        assert isinstance(created, NewRollout)
+        assert exact(created.plain()) == exact(created.rollout().model_dump())
+        answer = created.json()
+        if answer is not None:
+            assert answer == orjson.dumps(created.plain())
+
+
+async def test_a_plain_create_is_answered_from_the_stored_bytes(ledger: Ledger) -> None:
+    metadata = RolloutMetadata(batch_idx=0, sample_idx_in_batch=3)
+    [created] = await ledger.add_rollouts([RolloutCreate(input={"q": "1+1"}, metadata=metadata)], 2.0)
+    assert isinstance(created, NewRollout)
+    assert created.json() == orjson.dumps(created.rollout().model_dump())
+    [odd] = await ledger.add_rollouts([RolloutCreate(input={"x": math.nan})], 2.0)
+    assert isinstance(odd, NewRollout) and odd.json() is None  # NaN: orjson would write null
 
 
 async def test_a_growing_prefix_rollout_reads_back_exactly(ledger: Ledger) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -67,7 +67,11 @@ async def create_rollouts(request: Request) -> Response:
         created = await ledger_of(request).add_rollouts(items, time.time())
     except ResourceNotFound as exc:
         raise RequestValidationError([_unresolved(items, exc)]) from None
-    # The rollouts' plain data, not their models: what a fresh row holds is already plain.
+    # Written from what the rows hold, not through models: a fresh row's values are plain already,
+    # and its input, config and metadata encoded (`NewRollout.json`).
+    parts = [c.json() if isinstance(c, NewRollout) else None for c in created]
+    if all(part is not None for part in parts):
+        return json_response(b"[" + b",".join(cast(list[bytes], parts)) + b"]", 201)
     plain = [c.plain() if isinstance(c, NewRollout) else c.model_dump() for c in created]
     return json_response(dump_json(plain), 201)
 

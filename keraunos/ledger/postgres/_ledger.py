@@ -232,7 +232,8 @@ class PostgresLedger(Ledger):
                 rollout_id = columns[0][k]
                 if rollout_id in inserted and rollout_id not in first_of:
                     first_of[rollout_id] = dict(item.resources or {})
-                    out.append(NewRollout(rollout_id, item, now, *parts[k]))
+                    stored = (columns[1][k], columns[3][k], columns[4][k])
+                    out.append(NewRollout(rollout_id, item, now, *parts[k], stored))
                 else:  # idempotent: the existing rollout (or the call's first item), untouched
                     row = await conn.fetchrow(_SELECT_ROLLOUT, rollout_id)
                     out.append(rollout_from_row(row))
