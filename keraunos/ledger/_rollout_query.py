@@ -119,7 +119,9 @@ def page_sql(query: RolloutQuery, *, group_id: str, param: Callable[[int], str])
         where.append(f"substr(r.rollout_id, 1, {len(prefix)}) = {bind(prefix)}")
     if query.resource is not None:
         name = bind(query.resource)  # bound in the order the text names them (SQLite's `?`)
-        version = "" if query.resource_version is None else f" AND rr.version = {bind(query.resource_version)}"
+        version = (
+            "" if query.resource_version is None else f" AND rr.version = {bind(query.resource_version)}"
+        )
         where.append(
             "EXISTS (SELECT 1 FROM rollout_resources rr JOIN resources s ON s.id = rr.resource "
             f"WHERE rr.rollout = r.id AND s.name = {name}{version})"

@@ -36,7 +36,9 @@ async def six_rollouts(ledger: Ledger) -> None:
     # Claims take queuing rollouts oldest first: g1.0 first, then g1.1.
     claims = await ledger.claim_rollouts("c", 2, 60.0, 10.0)
     by_id = {claim.rollout.rollout_id: claim for claim in claims}
-    await ledger.finish_attempt("g1.0", by_id["g1.0"].attempt.id, AttemptOutcome.SUCCEEDED, 0, None, "c", 11.0)
+    await ledger.finish_attempt(
+        "g1.0", by_id["g1.0"].attempt.id, AttemptOutcome.SUCCEEDED, 0, None, "c", 11.0
+    )
     await ledger.finish_attempt("g1.1", by_id["g1.1"].attempt.id, AttemptOutcome.FAILED, 1, "boom", "c", 12.0)
 
 
@@ -62,7 +64,11 @@ async def test_filters_combine(ledger: Ledger) -> None:
     await six_rollouts(ledger)
     page = await ledger.page_rollouts(RolloutQuery(group_id="g2", is_train=True, descending=False))
     assert (ids(page), page.total) == (["g2.0", "g2.1"], 2)
-    assert ids(await ledger.page_rollouts(RolloutQuery(data_id="d1", descending=False))) == ["g1.0", "g1.1", "g1.2"]
+    assert ids(await ledger.page_rollouts(RolloutQuery(data_id="d1", descending=False))) == [
+        "g1.0",
+        "g1.1",
+        "g1.2",
+    ]
     assert ids(await ledger.page_rollouts(RolloutQuery(rollout_id_prefix="g1.1"))) == ["g1.1"]
     assert ids(await ledger.page_rollouts(RolloutQuery(rollout_id_prefix="g1%"))) == []
 

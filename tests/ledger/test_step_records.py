@@ -15,7 +15,9 @@ pytestmark = pytest.mark.anyio
 
 async def test_records_come_back_in_step_order_and_page_by_step(ledger: Ledger) -> None:
     for step in (2, 0, 1):
-        await ledger.put_step_record("run-a", step, {"step": float(step), "reward_mean": step / 10}, 10.0 + step)
+        await ledger.put_step_record(
+            "run-a", step, {"step": float(step), "reward_mean": step / 10}, 10.0 + step
+        )
     records = await ledger.step_records("run-a", -1, 100)
     assert [r.step for r in records] == [0, 1, 2]
     assert records[1].record == {"step": 1.0, "reward_mean": 0.1}

@@ -10,7 +10,9 @@ from keraunos.ledger.base import RunSummary, StepRecord
 _MAX = 2**63 - 1
 
 
-async def put(conn: asyncpg.Connection, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+async def put(
+    conn: asyncpg.Connection, run_id: str, step: int, record: dict[str, float | None], now: float
+) -> None:
     """Store the record (orjson writes NaN and infinities as null), replacing one of the same step."""
     await conn.execute(
         "INSERT INTO step_records (run_id, step, at, record) VALUES ($1, $2, $3, $4) "

@@ -11,9 +11,7 @@ import sqlite3
 from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery, page_sql, row_of
 
 #: `metadata.data_id`, read as the terminal cursor reads it (metadata with NaN is not JSON: no group).
-GROUP_ID = (
-    "CASE WHEN json_valid(CAST(r.metadata AS TEXT)) THEN json_extract(CAST(r.metadata AS TEXT), '$.data_id') END"
-)
+GROUP_ID = "CASE WHEN json_valid(CAST(r.metadata AS TEXT)) THEN json_extract(CAST(r.metadata AS TEXT), '$.data_id') END"
 
 
 def page(conn: sqlite3.Connection, query: RolloutQuery) -> RolloutPage:

@@ -11,7 +11,9 @@ from keraunos.ledger.base import RunSummary, StepRecord
 _MAX = 2**63 - 1
 
 
-def put(conn: sqlite3.Connection, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+def put(
+    conn: sqlite3.Connection, run_id: str, step: int, record: dict[str, float | None], now: float
+) -> None:
     """Store the record (orjson writes NaN and infinities as null), replacing one of the same step."""
     conn.execute(
         "INSERT INTO step_records (run_id, step, at, record) VALUES (?, ?, ?, ?) "
@@ -27,7 +29,10 @@ def runs(conn: sqlite3.Connection, limit: int) -> list[RunSummary]:
         "GROUP BY run_id ORDER BY max(at) DESC, run_id LIMIT ?",
         (min(max(0, limit), _MAX),),
     ).fetchall()
-    return [RunSummary(run_id, int(n), int(last), first_at, last_at) for run_id, n, last, first_at, last_at in rows]
+    return [
+        RunSummary(run_id, int(n), int(last), first_at, last_at)
+        for run_id, n, last, first_at, last_at in rows
+    ]
 
 
 def records(conn: sqlite3.Connection, run_id: str, after_step: int, limit: int) -> list[StepRecord]:
