@@ -659,7 +659,9 @@ class Ledger(abc.ABC):
     # -- training runs (docs/protocol.md#training-runs) --------------------------------------------
 
     @abc.abstractmethod
-    async def put_step_record(self, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+    async def put_step_record(
+        self, run_id: str, step: int, record: dict[str, float | None], now: float
+    ) -> None:
         """Store one step's metrics of a run; a step reported again replaces its record (a resumed
         run repeats the steps its checkpoint did not cover)."""
 

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from keraunos.audit import AuditDraft, AuditEntry
+from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery
 from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
@@ -60,7 +61,6 @@ from keraunos.ledger.base import (
     RunSummary,
     StepRecord,
 )
-from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery
 from keraunos.ledger.codec import encode_json
 from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
 from keraunos.ledger.errors import (
@@ -686,7 +686,9 @@ class PostgresLedger(Ledger):
 
     # -- training runs (SQL in _step_records.py) -----------------------------------------------
 
-    async def put_step_record(self, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+    async def put_step_record(
+        self, run_id: str, step: int, record: dict[str, float | None], now: float
+    ) -> None:
         await self._pool.run(lambda conn: run_records.put(conn, run_id, step, record, now))
 
     async def list_runs(self, limit: int) -> list[RunSummary]:

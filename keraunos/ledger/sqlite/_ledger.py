@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from keraunos.audit import AuditDraft, AuditEntry
+from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery
 from keraunos.ledger._rows import (
     FENCE_QUERY,
     PATCHABLE,
@@ -64,7 +65,6 @@ from keraunos.ledger.base import (
     RunSummary,
     StepRecord,
 )
-from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery
 from keraunos.ledger.codec import encode_json, encode_model_request
 from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
 from keraunos.ledger.codec._wire import WireCall, encode_wire
@@ -863,7 +863,9 @@ class SqliteLedger(Ledger):
 
     # -- training runs (SQL in _step_records.py) -----------------------------------------------
 
-    async def put_step_record(self, run_id: str, step: int, record: dict[str, float | None], now: float) -> None:
+    async def put_step_record(
+        self, run_id: str, step: int, record: dict[str, float | None], now: float
+    ) -> None:
         await self._write(lambda conn: run_records.put(conn, run_id, step, record, now), savepoint=False)
 
     async def list_runs(self, limit: int) -> list[RunSummary]:
@@ -910,13 +912,13 @@ def _create_many(
     A statement per item cost ~10 us of SQLite's per-statement work each, a tenth of a 100-rollout
     POST. The result is what inserting them one by one in order gives: an item whose id exists
     (before the call, or earlier in it) yields the stored rollout, untouched.
-    """
-    (before,) = conn.execute("SELECT coalesce(max(id), 0) FROM rollouts").fetchone()
-    stored = 0
 
     The usual call creates every item; the statements' row counts say so, and nothing is read
     back (`RETURNING` cost ~15 % of the INSERT). Otherwise the rows this call stored are those above
     the largest internal id before it: SQLite gives a new row one more than the largest rowid.
+    """
+    (before,) = conn.execute("SELECT coalesce(max(id), 0) FROM rollouts").fetchone()
+    stored = 0
     for start in range(0, len(values), _INSERT_CHUNK):
         chunk = values[start : start + _INSERT_CHUNK]
         params = [value for row in chunk for value in row]
