@@ -1,0 +1,171 @@
+"""`KeraunosAgentLoop`: verl's agent loop for one session, run as a keraunos rollout on the gateway.
+
+verl calls an agent loop's `run(sampling_params, **sample)` once per session (`rollout.n` per
+dataset sample). This one does not talk to verl's servers itself: it creates the keraunos rollout
+`{run_id}.{uid}.{session_id}` (group `{run_id}.{uid}`, input the sample's `input_fields`) on the
+gateway, lets keraunos's controller run the real agent against the gateway (whose model endpoints
+are verl's inference servers, `trainer.py`), waits until the rollout is terminal, reads its calls
+(the compact triplet view), builds its rows with keraunos's exact-prefix merge, and returns one
+`AgentLoopOutput` per row (several when the merge broke) with the recorded log probs, the reward
+and the policy versions that served the calls (`batch.agent_loop_outputs`).
+
+Registered as `keraunos` (`config.AGENT_LOOP_NAME`); the `keraunos:` section of the run's config
+(`KeraunosVerlConfig`) says where the gateway is. A creation is idempotent (the rollout id is
+fixed by the sample and session), so a retried request never makes a second rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+import structlog
+from verl.experimental.agent_loop.agent_loop import (  # pyright: ignore[reportMissingImports]
+    AgentLoopBase,
+    register,
+)
+
+from keraunos.training._data import CompletedRollout
+from keraunos.training._outcome import SiblingOutcome, settle_group
+from keraunos.training._read import TripletReadError, read_events_json
+from keraunos.training.backends.verl.batch import agent_loop_outputs
+from keraunos.training.backends.verl.config import AGENT_LOOP_NAME, KeraunosVerlConfig
+from keraunos.training.collect import TERMINAL
+from keraunos.training.trajectories import Tokenizer, TrajectoryConfig, build_rows
+
+log = structlog.get_logger("keraunos.training.backends.verl")
+
+
+def rollout_ids(config: KeraunosVerlConfig, uid: str, session_id: int) -> tuple[str, str]:
+    """(group id, rollout id) of a verl session: one keraunos group per verl sample."""
+    group_id = f"{config.run_id}.{uid}"
+    return group_id, f"{group_id}.{session_id}"
+
+
+def rollout_input(config: KeraunosVerlConfig, sample: Mapping[str, Any]) -> dict[str, Any]:
+    """The rollout's `input`: the sample's `input_fields` that it has, as JSON values."""
+    return {name: _jsonable(sample[name]) for name in config.input_fields if name in sample}
+
+
+async def run_rollout(
+    api: httpx.AsyncClient,
+    config: KeraunosVerlConfig,
+    group_id: str,
+    rollout_id: str,
+    sample: Mapping[str, Any],
+) -> CompletedRollout | None:
+    """Create the rollout (or find it), wait until it is terminal, read it; None when it yields
+    nothing to train on (failed, timed out, no successful call), as the collector decides."""
+    item = {
+        "rollout_id": rollout_id,
+        "input": rollout_input(config, sample),
+        "is_train": config.is_train,
+        "metadata": {"data_id": group_id, "batch_idx": _jsonable(sample.get("global_steps"))},
+    }
+    created = await api.post("/api/rollouts", json=[item])
+    if created.status_code != 201:
+        raise RuntimeError(
+            f"POST /api/rollouts {rollout_id}: HTTP {created.status_code}: {created.text[:300]}"
+        )
+    deadline = time.monotonic() + config.rollout_timeout_s
+    state = created.json()[0].get("status", {}).get("state")
+    while state not in TERMINAL:
+        if time.monotonic() > deadline:
+            log.warning("rollout timed out: no rows", rollout_id=rollout_id, state=state)
+            return None
+        await asyncio.sleep(config.poll_interval_s)
+        response = await api.get(f"/api/rollouts/{rollout_id}")
+        response.raise_for_status()
+        state = response.json()["rollout"]["status"]["state"]
+    events = await api.get(f"/api/rollouts/{rollout_id}/events", params={"format": "triplet", "delta": "1"})
+    events.raise_for_status()
+    try:
+        read = read_events_json(events.content)
+    except TripletReadError as exc:
+        log.error("rollout events unreadable", rollout_id=rollout_id, error=str(exc))
+        read = None
+    counts: Counter[str] = Counter()
+    kept = settle_group(
+        group_id,
+        [SiblingOutcome(rollout_id, state, read)],
+        failed_rollouts="drop",
+        fill_reward=config.fill_reward,
+        min_group_size=1,  # verl forms the group: GRPO runs over the sample's sessions
+        counts=counts,
+    )
+    if not kept:
+        log.info("rollout yields no rows", rollout_id=rollout_id, state=state, **counts)
+        return None
+    return kept[0]
+
+
+def session_outputs(
+    rollout: CompletedRollout | None, config: TrajectoryConfig, tokenizer: Tokenizer
+) -> list[Any]:
+    """The rows of one rollout as verl `AgentLoopOutput`s, in order (empty: nothing to train)."""
+    if rollout is None:
+        return []
+    built = build_rows([rollout], config, tokenizer)
+    if built.breaks:
+        log.info(
+            "merge breaks", rollout_id=rollout.rollout_id, rows=len(built.rows), breaks=len(built.breaks)
+        )
+    return agent_loop_outputs(built.rows, [rollout])
+
+
+@register(AGENT_LOOP_NAME)
+class KeraunosAgentLoop(AgentLoopBase):
+    """One verl session = one keraunos rollout; returns its rows (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.keraunos = KeraunosVerlConfig.model_validate(_plain(self.config.get("keraunos")))
+        # verl annotates it as `AutoTokenizer`; it is the model's loaded tokenizer.
+        self.hf_tokenizer: Any = self.tokenizer
+        pad = self.hf_tokenizer.pad_token_id
+        self.trajectory = TrajectoryConfig(
+            max_prompt_len=int(self.rollout_config.prompt_length),
+            max_response_len=int(self.rollout_config.response_length),
+            pad_token_id=int(pad) if pad is not None else 0,
+        )
+
+    # verl's base annotates one output; its V1 worker (`AgentLoopWorkerTQ`) takes a list as well.
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[Any]:  # pyright: ignore[reportIncompatibleMethodOverride]
+        """The rows of the rollout made for this session (`sampling_params` are the agent's
+        business: it calls the gateway with its own)."""
+        group_id, rollout_id = rollout_ids(
+            self.keraunos, str(kwargs["uid"]), int(kwargs.get("session_id", 0))
+        )
+        headers = {"Authorization": f"Bearer {self.keraunos.key}"} if self.keraunos.key else {}
+        async with httpx.AsyncClient(
+            base_url=self.keraunos.server_url, headers=headers, timeout=self.keraunos.request_timeout_s
+        ) as api:
+            rollout = await run_rollout(api, self.keraunos, group_id, rollout_id, kwargs)
+        return session_outputs(rollout, self.trajectory, self.hf_tokenizer)
+
+
+def _plain(value: Any) -> Any:
+    """An OmegaConf node (verl's config) as plain Python values; anything else as it is."""
+    if hasattr(value, "_get_node"):
+        from omegaconf import OmegaConf  # pyright: ignore[reportMissingImports]
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    """NumPy values and arrays (verl's non-tensor batch) as JSON values."""
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,137 @@
+"""The verl side of the verl tests: run by `.venv-verl`'s python (verl 0.9 cannot share keraunos's
+venv), it reads recorded rollouts from a running gateway, builds keraunos rows and verl's batch from
+them, and prints what verl and keraunos compute on that batch as one JSON object.
+
+Input (stdin, JSON): `server_url`, `key`, `rollout_ids`, `group_ids` (one per rollout),
+`max_prompt_len`, `max_response_len`, `clip_low`, `clip_high`, `seed`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+from verl.trainer.ppo.core_algos import AdvantageEstimator, get_policy_loss_fn
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+from verl.workers.config import ActorConfig
+
+from keraunos.training._data import CompletedRollout
+from keraunos.training._outcome import SiblingOutcome, settle_group
+from keraunos.training._read import read_events_json
+from keraunos.training.advantages import (
+    AdvantageConfig,
+    rollout_advantages,
+    rollout_loss_weights,
+    token_advantages,
+)
+from keraunos.training.backends.torch.loss import policy_loss
+from keraunos.training.backends.verl.batch import verl_batch
+from keraunos.training.backends.verl.config import verl_actor_settings
+from keraunos.training.trajectories import TrajectoryConfig, build_rows
+
+
+def read_rollouts(spec: dict[str, Any]) -> list[CompletedRollout]:
+    """The rollouts as the collector reads them: compact triplets, settled one by one."""
+    rollouts: list[CompletedRollout] = []
+    headers = {"Authorization": f"Bearer {spec['key']}"}
+    with httpx.Client(base_url=spec["server_url"], headers=headers, timeout=30) as api:
+        for rid, gid in zip(spec["rollout_ids"], spec["group_ids"], strict=True):
+            state = api.get(f"/api/rollouts/{rid}").json()["rollout"]["status"]["state"]
+            body = api.get(f"/api/rollouts/{rid}/events", params={"format": "triplet", "delta": "1"})
+            body.raise_for_status()
+            outcome = SiblingOutcome(rid, state, read_events_json(body.content))
+            [rollout] = settle_group(
+                gid, [outcome], failed_rollouts="drop", fill_reward=0.0, min_group_size=1, counts=Counter()
+            ) or [None]
+            assert rollout is not None, rid
+            rollouts.append(rollout)
+    return rollouts
+
+
+def main() -> None:
+    spec = json.load(sys.stdin)
+    rollouts = read_rollouts(spec)
+    config = TrajectoryConfig(
+        max_prompt_len=spec["max_prompt_len"], max_response_len=spec["max_response_len"]
+    )
+    rows = build_rows(rollouts, config).rows
+    batch = verl_batch(rows, rollouts)
+    data = batch.data
+    mask = data.batch["response_mask"].bool()
+    width = mask.shape[1]
+
+    # keraunos: one advantage per rollout, on its rows' trainable tokens.
+    adv = rollout_advantages([r.reward for r in rollouts], [r.group_id for r in rollouts], AdvantageConfig())
+    ours = token_advantages(adv.advantages, rows.rollout_index, rows.response_mask)[:, :width]
+
+    # verl: the V1 trainer's advantage step on the same batch (GRPO over each session's last output).
+    verl = compute_advantage_for_multi_trajectories(
+        data, batch_keys=batch.keys, adv_estimator=AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=True
+    )
+    theirs = verl.batch["advantages"]
+
+    # The loss: the same "new" log probs for both, the recorded ones as old (verl's bypass mode).
+    generator = torch.Generator().manual_seed(spec["seed"])
+    old = data.batch["rollout_log_probs"].float()
+    noise = torch.randn(old.shape, generator=generator) * 0.3
+    noise[0, :3] = torch.tensor([1.5, -1.5, 2.0])  # ratios beyond the clip range, and > 3
+    new = old + noise
+    settings = verl_actor_settings(clip_low=spec["clip_low"], clip_high=spec["clip_high"])
+    actor = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1, **settings)
+    index = torch.from_numpy(rows.rollout_index)
+    ours_t = torch.from_numpy(ours)
+
+    def losses(picked: torch.Tensor) -> dict[str, float]:
+        """verl's vanilla policy loss and keraunos's on the rows `picked` (a boolean row mask)."""
+        verl_loss, _ = get_policy_loss_fn("vanilla")(
+            old_log_prob=old[picked],
+            log_prob=new[picked],
+            advantages=theirs[picked],
+            response_mask=mask[picked],
+            loss_agg_mode=actor.loss_agg_mode,
+            config=actor,
+        )
+        m = mask[picked].numpy()
+        per_rollout = torch.from_numpy(rollout_loss_weights(m, rows.rollout_index[picked.numpy()]))
+        # The same loss with every row counted as a rollout of its own (verl's sequences).
+        per_row = torch.from_numpy(rollout_loss_weights(m, np.arange(int(picked.sum()))))
+        args = (new[picked], old[picked], ours_t[picked])
+        clips = {"clip_low": spec["clip_low"], "clip_high": spec["clip_high"]}
+        keraunos_loss, _ = policy_loss(*args, per_rollout, mask[picked], **clips)
+        row_loss, _ = policy_loss(*args, per_row, mask[picked], **clips)
+        return {"verl": float(verl_loss), "keraunos": float(keraunos_loss), "row_mean": float(row_loss)}
+
+    counts = torch.bincount(index, minlength=len(rollouts))
+    single = counts[index] == 1
+    loss = {"all_rows": losses(torch.ones(len(rows), dtype=torch.bool)), "one_row_rollouts": losses(single)}
+
+    lengths = data.batch["response_mask"].shape[1]
+    out = {
+        "keys": batch.keys,
+        "uid": [str(u) for u in data.non_tensor_batch["uid"]],
+        "prompts": [row.tolist() for row in batch.stored["prompts"].unbind(0)],
+        "responses": [row.tolist() for row in batch.stored["responses"].unbind(0)],
+        "response_mask": [row.tolist() for row in batch.stored["response_mask"].unbind(0)],
+        "loss_mask": [row.tolist() for row in batch.stored["loss_mask"].unbind(0)],
+        "rollout_log_probs": [row.tolist() for row in batch.stored["rollout_log_probs"].unbind(0)],
+        "rm_scores": [row.tolist() for row in batch.stored["rm_scores"].unbind(0)],
+        "min_global_steps": data.non_tensor_batch["min_global_steps"].tolist(),
+        "max_global_steps": data.non_tensor_batch["max_global_steps"].tolist(),
+        "padded_width": lengths,
+        "advantage_max_diff": float((theirs - torch.from_numpy(ours)).abs().max()),
+        "keraunos_row_advantages": [float(a) for a in adv.advantages[rows.rollout_index]],
+        "verl_row_advantages": [float(theirs[i][mask[i]][0]) for i in range(len(rows))],
+        "rows_per_rollout": np.bincount(rows.rollout_index, minlength=len(rollouts)).tolist(),
+        "loss": loss,
+        "clipped_tokens": int(((new - old).exp().sub(1).abs() > 0.2)[mask].sum()),
+    }
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
