@@ -5,7 +5,9 @@ constant time; it grants everything, as in Agent Lightning v1.0, and is checked 
 nothing. A scoped key (`--keys-file`, `_keys`) in the same headers grants what its role allows
 (`_roles`, docs/protocol.md#scoped-keys). An agent token (see `_tokens`) grants only its own
 attempt's proxy paths, its own events URL and its rollout's resources, and only while that attempt
-is current (docs/protocol.md#agent-tokens). Public paths (health check, API docs) need no key.
+is current (docs/protocol.md#agent-tokens). Public paths (health check, API docs) need no key, and
+paths under `own_auth_prefixes` (the dashboard's `/ui/`, which checks its own session cookie) are
+left to their routes.
 Who is calling is left in the ASGI scope (`ACTOR_SCOPE_KEY`) for the audit log.
 """
 
@@ -144,6 +146,7 @@ class ServerKeyAuth:
         ledger: Ledger,
         keys: KeyRing | None = None,
         protected_labels: Iterable[str] = (),
+        own_auth_prefixes: Iterable[str] = (),
     ) -> None:
         if not key and keys is None:
             raise ValueError(
@@ -156,9 +159,11 @@ class ServerKeyAuth:
         self._ledger = ledger
         self._keys = keys
         self._protected = frozenset(protected_labels)
+        self._own_auth = tuple(own_auth_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self._public:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in self._public or path.startswith(self._own_auth):
             await self.app(scope, receive, send)
             return
         if self._key and carries_key(scope["headers"], self._key):

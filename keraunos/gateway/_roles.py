@@ -82,6 +82,8 @@ _TRAINER = (
     Grant(frozenset({"PUT", "DELETE"}), "/api/rollouts/*/pin"),
     # A forced purge takes an admin key: the route checks the body's `force` (api/retention.py).
     Grant(frozenset({"POST"}), "/api/retention/purge"),
+    # The metrics of each training step, for the dashboard's curves (docs/protocol.md#training-runs).
+    Grant(frozenset({"POST"}), "/api/runs/*/steps"),
 )
 # The release runner's calls are an approver's: a decision it posts may promote a candidate, which
 # moves a protected label; a trainer that could post one could promote its own candidate alone.

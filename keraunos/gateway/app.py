@@ -41,6 +41,7 @@ from keraunos.gateway.api import (
     resources,
     retention,
     rollouts,
+    runs,
     tokens,
     traces,
 )
@@ -49,6 +50,9 @@ from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
 from keraunos.gateway.proxy import CacheEvents, ProxyState, proxy_lifespan
 from keraunos.gateway.proxy import router as proxy_router
 from keraunos.gateway.replicas import Coordination
+from keraunos.gateway.ui import SecurityHeaders, ViewCache, session_key
+from keraunos.gateway.ui import api as ui_api
+from keraunos.gateway.ui import pages as ui_pages
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import (
     AttemptConflict,
@@ -120,6 +124,12 @@ def create_app(
     app.state.metrics = metrics
     app.state.redaction = redaction
     app.state.token_secret = token_secret(config.token_secret, config.key)
+    # The dashboard (/ui, docs/dashboard.md): its session key, who may log in, its views' cache.
+    app.state.keys = keys
+    app.state.ui_session_key = session_key(app.state.token_secret)
+    app.state.ui_key_names = frozenset(k.name for k in keys.by_digest.values()) if keys else frozenset()
+    app.state.ui_views = ViewCache()
+    app.state.ui_tokenizer = None
 
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")
     # Documented in docs/proxy.md rather than in the OpenAPI schema, like the proxy routes.
@@ -138,10 +148,13 @@ def create_app(
         audit.router,
         releases.router,
         retention.router,
+        runs.router,
         traces.router,
     )
     for router in routers:
         app.include_router(router)
+    app.include_router(ui_pages.router)
+    app.include_router(ui_api.router)
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(StarletteHTTPException, _http_error)
@@ -164,6 +177,7 @@ def create_app(
             app.redoc_url,
             app.openapi_url,
             app.swagger_ui_oauth2_redirect_url,
+            "/ui",  # the dashboard checks its own session cookie (keraunos.gateway.ui)
         )
         if path
     )
@@ -182,6 +196,7 @@ def create_app(
             ledger=ledger,
             keys=keys,
             protected_labels=config.protected_labels,
+            own_auth_prefixes=("/ui/",),
         )
     else:
         log.warning(
@@ -190,6 +205,7 @@ def create_app(
             host=config.host,
             port=config.port,
         )
+    app.add_middleware(SecurityHeaders)  # outermost: every /ui answer gets them, errors included
     app.openapi = partial(build_openapi, app, auth=auth, public_paths=public_paths)  # type: ignore[method-assign]
     return app
 

@@ -56,6 +56,8 @@ class ReadResult:
     rewards: tuple[PositionedReward, ...] = ()
     #: Successful calls left out as a harness's side calls (`side_call`, docs/harnesses.md#side-calls).
     side_calls: int = 0
+    #: The index, into the events read, of each triplet's event (for showing a triplet beside its call).
+    event_indexes: tuple[int, ...] = ()
 
 
 def read_events_json(
@@ -191,7 +193,9 @@ def read_events(
         )
         for at, value, data in posted
     )
-    return ReadResult(triplets, reward, failed, unreadable, unreadable_choices, redacted, rewards, side)
+    return ReadResult(
+        triplets, reward, failed, unreadable, unreadable_choices, redacted, rewards, side, tuple(placed)
+    )
 
 
 def _choice_samples(data: dict[str, Any]) -> tuple[list[Sample], int]:

@@ -54,6 +54,7 @@ from keraunos.training.publish import CheckpointPublisher, read_published
 from keraunos.training.records import MetricsSink, keep_steps_before, read_record, step_metrics, summarize
 from keraunos.training.registry import EndpointRegistry, served_as
 from keraunos.training.stack import Child, start_controller, start_gateway
+from keraunos.training.step_reports import StepReporter
 from keraunos.training.train_config import TrainConfig
 from keraunos.training.trainer import RunState, Trainer
 from keraunos.training.trajectories import Rows, TrajectoryConfig, build_rows
@@ -363,6 +364,8 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     )
     stack.callback(sink.close)
     registry = EndpointRegistry(gateway, key, config.served_model_name)
+    # Each step's record to the gateway too, for the dashboard's curves (docs/dashboard.md).
+    reporter = StepReporter(gateway, key, collector_settings.run_id) if config.report_steps else None
     try:
         watch()
         await registry.register(
@@ -395,7 +398,10 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
             # Groups created before the checkpoint and not trained on yet (async carry-over).
             await collector.adopt(state.pending)
             for step in range(first, config.steps):
-                metrics.observe_step(await loop.step(step, source))
+                record = await loop.step(step, source)
+                metrics.observe_step(record)
+                if reporter is not None:
+                    await reporter.report(record)
                 last = step + 1 == config.steps
                 if last or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0):
                     sink.phase("checkpointing")
@@ -409,6 +415,8 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
     finally:
         await registry.unregister(trainer.endpoints, config.registered_agents)
         await registry.close()
+        if reporter is not None:
+            await reporter.close()
         if publisher is not None:
             await publisher.close()
     history = [

@@ -349,6 +349,11 @@ class TrainConfig(LayeredSettings):
     tensorboard: bool = Field(
         default=True, description="Write TensorBoard events when the tensorboard package is installed."
     )
+    report_steps: bool = Field(
+        default=True,
+        description="Post each step's metrics to the gateway (POST /api/runs/{run_id}/steps), for the "
+        "dashboard's training curves (docs/dashboard.md).",
+    )
     log_level: LogLevel = Field(default="warning", description="Least severe log level written to stderr.")
     metrics_port: int = Field(
         default=0,

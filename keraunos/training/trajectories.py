@@ -366,19 +366,7 @@ def _pack(
     p, r = config.max_prompt_len, config.max_response_len
     kept: list[tuple[int, _Draft, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
     for index, draft in drafts:
-        ids = np.concatenate([piece[0] for piece in draft.pieces])
-        mask = np.zeros(len(ids), dtype=bool)
-        calls = np.full(len(ids), -1, dtype=np.int64)
-        offset = 0
-        call = draft.first_call  # a draft's calls are consecutive, one trainable piece each
-        for piece_ids, trainable, _ in draft.pieces:
-            if trainable:
-                mask[offset : offset + len(piece_ids)] = True
-                calls[offset : offset + len(piece_ids)] = call
-                call += 1
-            offset += len(piece_ids)
-        if draft.untrained:
-            mask[np.asarray(draft.untrained)] = False
+        ids, mask, calls = _layout(draft)
         if not mask.any():
             counts["no_trainable_rows"] += 1
             continue
@@ -449,6 +437,54 @@ def _pack(
         prompt_len=p,
         call_index=call_index,
     )
+
+
+def _layout(draft: _Draft) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The draft's response ids, which of them train, and the call each belongs to (-1 between calls)."""
+    ids = np.concatenate([piece[0] for piece in draft.pieces])
+    mask = np.zeros(len(ids), dtype=bool)
+    calls = np.full(len(ids), -1, dtype=np.int64)
+    offset = 0
+    call = draft.first_call  # a draft's calls are consecutive, one trainable piece each
+    for piece_ids, trainable, _ in draft.pieces:
+        if trainable:
+            mask[offset : offset + len(piece_ids)] = True
+            calls[offset : offset + len(piece_ids)] = call
+            call += 1
+        offset += len(piece_ids)
+    if draft.untrained:
+        mask[np.asarray(draft.untrained)] = False
+    return ids, mask, calls
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One row of a rollout before padding and limits, for looking at it (the dashboard):
+    `prompt_ids` (its first call's prompt), `response_ids`, `mask` (which of them train), `call_index`
+    (the call whose response holds each id, -1 on the ids in between), `logprobs` (0 in between;
+    None when a call's are missing) and `first_call`."""
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    mask: np.ndarray
+    call_index: np.ndarray
+    logprobs: np.ndarray | None
+    first_call: int
+
+
+def trajectories(
+    rollout: CompletedRollout, config: TrajectoryConfig, tokenizer: Tokenizer | None = None
+) -> tuple[list[Trajectory], list[MergeBreak]]:
+    """The rows `build_rows` would make of `rollout`, unpadded and uncut, with its merge breaks."""
+    breaks: list[MergeBreak] = []
+    calls = trained_calls(rollout.triplets, config.unresolved_samples, Counter())
+    out: list[Trajectory] = []
+    for draft in _drafts(rollout.rollout_id, calls, config.level, tokenizer, breaks):
+        ids, mask, call_index = _layout(draft)
+        out.append(
+            Trajectory(draft.prompt, ids, mask, call_index, _row_logprobs(draft, len(ids)), draft.first_call)
+        )
+    return out, breaks
 
 
 def _row_logprobs(draft: _Draft, n: int) -> np.ndarray | None:

@@ -41,6 +41,8 @@ FEATURES: tuple[str, ...] = (
     "otlp-traces",  # POST /v1/traces: OTLP/HTTP spans stored as span events of their rollouts
     "dialects",  # .../anthropic/v1/messages and .../openai/v1/responses, converted to chat, recorded
     "agent-endpoints",  # an endpoint's agent_id: it serves only that agent's calls (docs/multi-agent.md)
+    "training-runs",  # POST/GET /api/runs/{run_id}/steps: a trainer's step metrics, kept in the ledger
+    "dashboard",  # /ui: the web dashboard, its login and its /ui/api data routes (docs/dashboard.md)
 )
 
 

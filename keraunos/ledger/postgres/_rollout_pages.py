@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncpg
 
 from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery, page_sql, row_of
+from keraunos.ledger.postgres._pool import fetch_int
 
 
 async def page(conn: asyncpg.Connection, query: RolloutQuery) -> RolloutPage:
@@ -16,5 +17,5 @@ async def page(conn: asyncpg.Connection, query: RolloutQuery) -> RolloutPage:
     sql = page_sql(query, group_id="r.group_id", param=lambda n: f"${n}")
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         rows = await conn.fetch(sql.select, *sql.select_args)
-        total = await conn.fetchval(sql.count, *sql.count_args)
-    return RolloutPage([row_of(tuple(row)) for row in rows], int(total))
+        total = await fetch_int(conn, sql.count, *sql.count_args)
+    return RolloutPage([row_of(tuple(row)) for row in rows], total)

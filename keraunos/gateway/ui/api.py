@@ -1,0 +1,314 @@
+"""The dashboard's data routes, `GET /ui/api/...` (docs/protocol.md#dashboard): small JSON answers
+over the ledger's reads, filtered, sorted and paged on the server.
+
+Every route needs a dashboard session (`_guard.require_session`, a 401 otherwise) and only reads.
+The heavy one, a rollout's calls, is built once per (rollout, attempt) and kept a few seconds
+(`ViewCache`), so paging through a long rollout does not rebuild it for every page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+import orjson
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+
+from keraunos.gateway.api._common import AttemptIdPath, RolloutIdPath, ledger_of
+from keraunos.gateway.ui._guard import PREFIX, require_session
+from keraunos.gateway.ui._session import Session
+from keraunos.gateway.ui.views import (
+    AttemptView,
+    attempt_view,
+    call_messages,
+    group_view,
+    match_calls,
+    table_row,
+)
+from keraunos.ledger._rollout_query import SORTS, RolloutQuery, RolloutSort
+from keraunos.ledger.base import Ledger
+from keraunos.ledger.errors import RolloutNotFound
+from keraunos.protocol import MODEL_REQUEST, RolloutState
+from keraunos.training._read import read_events_json
+from keraunos.training.trajectories import Tokenizer
+
+router = APIRouter(
+    prefix=f"{PREFIX}/api",
+    tags=["dashboard"],
+    dependencies=[Depends(require_session)],
+    include_in_schema=False,
+)
+
+#: Most rows of one page of any table.
+MAX_PAGE = 500
+#: Siblings of one group listed (a group is `n` rollouts of one dataset row).
+MAX_GROUP = 256
+#: How long a built rollout view is reused, and how many are kept.
+VIEW_TTL_S = 15.0
+VIEW_CACHE_SIZE = 8
+
+T = TypeVar("T")
+
+
+class ViewCache:
+    """The last few things built per attempt (its calls' view, its calls' messages), each reused for
+    `VIEW_TTL_S` (kept on the app's state)."""
+
+    def __init__(self) -> None:
+        self._built: OrderedDict[tuple[str, str, str], tuple[float, Any]] = OrderedDict()
+
+    async def view(
+        self, ledger: Ledger, rollout_id: str, attempt_id: str, tokenizer: Tokenizer | None
+    ) -> AttemptView:
+        """The attempt's calls with their tokens, merge breaks, reward and events."""
+
+        async def build() -> AttemptView:
+            events = await ledger.list_triplet_events(rollout_id, attempt_id)
+            return await asyncio.to_thread(attempt_view, rollout_id, events, tokenizer)
+
+        return await self._get(("view", rollout_id, attempt_id), build)
+
+    async def messages(self, ledger: Ledger, rollout_id: str, attempt_id: str) -> list[dict[str, Any]]:
+        """The attempt's model calls' messages and replies (`views.call_messages`)."""
+
+        async def build() -> list[dict[str, Any]]:
+            events = await ledger.list_events(rollout_id, attempt_id, MODEL_REQUEST)
+            return await asyncio.to_thread(call_messages, events)
+
+        return await self._get(("messages", rollout_id, attempt_id), build)
+
+    async def _get(self, key: tuple[str, str, str], build: Callable[[], Awaitable[T]]) -> T:
+        now = time.monotonic()
+        found = self._built.get(key)
+        if found is not None and now - found[0] < VIEW_TTL_S:
+            return found[1]
+        value = await build()
+        self._built[key] = (now, value)
+        self._built.move_to_end(key)
+        while len(self._built) > VIEW_CACHE_SIZE:
+            self._built.popitem(last=False)
+        return value
+
+
+def _json(value: Any) -> Response:
+    return Response(
+        orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY, default=str), media_type="application/json"
+    )
+
+
+@router.get("/session", summary="Who is logged in to the dashboard")
+async def session(session: Annotated[Session, Depends(require_session)], request: Request) -> Response:
+    return _json({"actor": session.actor, "role": session.role, "auth": bool(request.app.state.auth)})
+
+
+@router.get("/rollouts", summary="A filtered, sorted page of rollouts")
+async def rollouts(
+    request: Request,
+    state: Annotated[list[RolloutState] | None, Query(description="Keep these states.")] = None,
+    mode: Annotated[Literal["train", "val"] | None, Query(description="train or val only.")] = None,
+    group: Annotated[str | None, Query(max_length=512, description="metadata.data_id.")] = None,
+    data_id: Annotated[str | None, Query(max_length=512, description="The input's data id.")] = None,
+    q: Annotated[str | None, Query(max_length=512, description="Rollout ids starting with this.")] = None,
+    resource: Annotated[str | None, Query(max_length=512, description="Assigned this resource.")] = None,
+    version: Annotated[int | None, Query(ge=1, lt=2**63, description="...at this version.")] = None,
+    failed_attempt: Annotated[bool | None, Query(description="With (or without) a failed attempt.")] = None,
+    sort: Annotated[RolloutSort, Query(description=f"One of {', '.join(SORTS)}.")] = "created",
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+) -> Response:
+    query = RolloutQuery(
+        states=tuple(state or ()),
+        is_train=None if mode is None else mode == "train",
+        group_id=group or None,
+        data_id=data_id,
+        rollout_id_prefix=q or None,
+        resource=resource or None,
+        resource_version=version,
+        failed_attempt=failed_attempt,
+        sort=sort,
+        descending=order == "desc",
+        offset=offset,
+        limit=limit,
+    )
+    page = await ledger_of(request).page_rollouts(query)
+    return _json({"items": [table_row(row) for row in page.items], "total": page.total, "offset": offset})
+
+
+@router.get("/rollouts/{rollout_id}", summary="A rollout: its attempts, resources, reward and events")
+async def rollout(
+    request: Request,
+    rollout_id: RolloutIdPath,
+    attempt: Annotated[str | None, Query(max_length=128, description="Default: the last attempt.")] = None,
+) -> Response:
+    ledger = ledger_of(request)
+    found = await ledger.get_rollout(rollout_id)
+    if found is None:
+        raise RolloutNotFound(rollout_id)
+    details = await ledger.list_attempts(rollout_id)
+    with_events = await ledger.attempts_with_events(rollout_id)
+    attempt_id = attempt or found.status.last_attempt_id or (with_events[-1] if with_events else None)
+    body: dict[str, Any] = {
+        "rollout": found.model_dump(mode="json"),
+        "attempts": [d.model_dump(mode="json") for d in details],
+        "attempts_with_events": with_events,
+        "resources": {
+            name: {"version": a.version, "selector": a.selector, "release_id": a.release_id, "arm": a.arm}
+            for name, a in (await ledger.rollout_resources(rollout_id)).items()
+        },
+        "attempt": attempt_id,
+        "calls": 0,
+    }
+    if attempt_id is not None:
+        view = await request.app.state.ui_views.view(
+            ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer
+        )
+        log = await ledger.get_attempt_log(rollout_id, attempt_id)
+        body.update(
+            calls=len(view.calls),
+            reward=view.reward,
+            breaks=view.breaks,
+            failed_calls=view.failed_calls,
+            events=view.events,
+            timeline=[
+                {
+                    "index": c["index"],
+                    "timestamp": c["timestamp"],
+                    "version": c["version"],
+                    "status": c["status"],
+                }
+                for c in view.calls
+            ],
+            log_tail=None if log is None else log.text[-4096:].decode("utf-8", "replace"),
+        )
+    return _json(body)
+
+
+@router.get(
+    "/rollouts/{rollout_id}/attempts/{attempt_id}/calls", summary="A page of one attempt's model calls"
+)
+async def calls(
+    request: Request,
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> Response:
+    ledger = ledger_of(request)
+    if await ledger.get_rollout(rollout_id) is None:
+        raise RolloutNotFound(rollout_id)
+    view = await request.app.state.ui_views.view(
+        ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer
+    )
+    return _json({"items": view.calls[offset : offset + limit], "total": len(view.calls), "offset": offset})
+
+
+@router.get(
+    "/rollouts/{rollout_id}/attempts/{attempt_id}/messages",
+    summary="The messages and replies of a page of one attempt's model calls",
+)
+async def messages(
+    request: Request,
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> Response:
+    ledger = ledger_of(request)
+    if await ledger.get_rollout(rollout_id) is None:
+        raise RolloutNotFound(rollout_id)
+    cache = request.app.state.ui_views
+    view = await cache.view(ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer)
+    shaped = await cache.messages(ledger, rollout_id, attempt_id)
+    page = view.calls[offset : offset + limit]
+    found = match_calls(view.calls, shaped)[offset : offset + limit]  # scanned from the first call
+    items = [
+        {
+            "index": call["index"],
+            **({} if j is None else {k: shaped[j][k] for k in ("messages", "reply", "history_rewritten")}),
+        }
+        for call, j in zip(page, found, strict=True)
+    ]
+    return _json({"items": items, "total": len(view.calls), "offset": offset})
+
+
+@router.get("/groups/{group_id}", summary="The siblings of one group with rewards and advantages")
+async def group(request: Request, group_id: Annotated[str, Path(max_length=512)]) -> Response:
+    ledger = ledger_of(request)
+    page = await ledger.page_rollouts(
+        RolloutQuery(group_id=group_id, sort="rollout_id", descending=False, limit=MAX_GROUP)
+    )
+    rewards: list[float | None] = []
+    for row in page.items:
+        reward = None
+        if row.last_attempt_id is not None:
+            events = await ledger.list_triplet_events(row.rollout_id, row.last_attempt_id)
+            reward = read_events_json(orjson.dumps(events, option=orjson.OPT_SERIALIZE_NUMPY)).reward
+        rewards.append(reward)
+    return _json({"group_id": group_id, "items": group_view(page.items, rewards), "total": page.total})
+
+
+@router.get("/runs", summary="Training runs that reported step metrics")
+async def runs(request: Request, limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> Response:
+    found = await ledger_of(request).list_runs(limit)
+    return _json({"items": [vars_of(run) for run in found]})
+
+
+@router.get("/runs/{run_id}", summary="A run's step records after a step")
+async def run_records(
+    request: Request,
+    run_id: Annotated[str, Path(max_length=512)],
+    after: Annotated[int, Query(ge=-1, lt=2**62)] = -1,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> Response:
+    records = await ledger_of(request).step_records(run_id, after, limit)
+    return _json({"run_id": run_id, "items": [{"step": r.step, "at": r.at, **r.record} for r in records]})
+
+
+@router.get("/resources", summary="Resources with their versions, labels and per-version rewards")
+async def resources(request: Request) -> Response:
+    ledger = ledger_of(request)
+    out = []
+    for summary in await ledger.list_resources():
+        history = await ledger.resource_history(summary.name)
+        labels = await ledger.list_labels(summary.name)
+        out.append(
+            {
+                **summary.model_dump(mode="json"),
+                "versions": [
+                    {k: v for k, v in version.model_dump(mode="json").items() if k != "content"}
+                    for version in history[-50:]
+                ],
+                "label_moves": [label.model_dump(mode="json") for label in labels],
+            }
+        )
+    return _json({"items": out})
+
+
+@router.get("/releases", summary="Releases, newest first")
+async def releases(request: Request) -> Response:
+    found = await ledger_of(request).list_releases(active=False)
+    return _json({"items": [release.model_dump(mode="json") for release in reversed(found)]})
+
+
+@router.get("/audit", summary="A page of the audit log, newest first")
+async def audit(
+    request: Request,
+    before: Annotated[int | None, Query(ge=1, lt=2**62, description="Entries before this number.")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+) -> Response:
+    ledger = ledger_of(request)
+    head = await ledger.audit_head()
+    end = head.count + 1 if before is None else min(before, head.count + 1)
+    start = max(0, end - 1 - limit)
+    entries = await ledger.list_audit(start, end - 1 - start) if end - 1 > start else []
+    items = [entry.model_dump(mode="json") for entry in reversed(entries)]
+    return _json({"items": items, "count": head.count})
+
+
+def vars_of(value: Any) -> dict[str, Any]:
+    """A slotted dataclass as a dict."""
+    return {name: getattr(value, name) for name in value.__slots__}

@@ -1,0 +1,453 @@
+// The keraunos dashboard: one page, one view per location hash, data from /ui/api.
+//
+// Everything an agent or a model wrote (messages, replies, event data, error messages, ids) is put
+// on the page as text: `el` makes elements and text nodes only; nothing here assigns HTML.
+"use strict";
+
+const API = "/ui/api";
+const PAGE = 50;
+const CALLS_PAGE = 20;
+
+// -- small helpers ---------------------------------------------------------------------------
+
+/** An element with attributes (`class`, `href`, `title`, data-*, on* handlers) and children
+ * (strings become text nodes, null and false are skipped). */
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else if (name === "class") node.className = value;
+    else node.setAttribute(name, String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function getJson(path) {
+  const response = await fetch(API + path, { credentials: "same-origin", headers: { Accept: "application/json" } });
+  if (response.status === 401) {
+    window.location.assign("/ui/login");
+    throw new Error("not logged in");
+  }
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = JSON.stringify((await response.json()).detail); } catch (e) { /* keep the status text */ }
+    throw new Error(`${response.status}: ${detail}`);
+  }
+  return response.json();
+}
+
+function when(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  return new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19);
+}
+
+function num(value, digits = 3) {
+  return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
+}
+
+function text(value) {
+  if (value === null || value === undefined) return "";
+  return typeof value === "string" ? value : JSON.stringify(value, null, 1);
+}
+
+function link(hash, label) {
+  return el("a", { href: hash }, label);
+}
+
+function enc(value) {
+  return encodeURIComponent(value);
+}
+
+function parseHash() {
+  const raw = window.location.hash.replace(/^#\/?/, "");
+  const [path, query] = raw.split("?");
+  return { parts: path.split("/").map(decodeURIComponent), params: new URLSearchParams(query || "") };
+}
+
+function show(...nodes) {
+  const view = document.getElementById("view");
+  view.replaceChildren(...nodes.flat().filter((node) => node !== null && node !== undefined && node !== false));
+  return view;
+}
+
+function failure(error) {
+  return el("p", { class: "error" }, String(error.message || error));
+}
+
+let stopPolling = () => {};
+
+// -- the rollouts table ---------------------------------------------------------------------
+
+const FILTERS = [
+  ["state", "select", ["", "queuing", "running", "succeeded", "failed"]],
+  ["mode", "select", ["", "train", "val"]],
+  ["group", "input"],
+  ["data_id", "input"],
+  ["q", "input"],
+  ["resource", "input"],
+  ["version", "input"],
+  ["failed_attempt", "select", ["", "true", "false"]],
+];
+const COLUMNS = [
+  ["rollout_id", "rollout", "rollout_id"],
+  ["state", "state", "state"],
+  ["mode", "mode", null],
+  ["group_id", "group", null],
+  ["data_id", "data id", null],
+  ["attempts", "attempts", null],
+  ["created_at", "created", "created"],
+  ["updated_at", "updated", "updated"],
+  ["error_message", "error", null],
+];
+
+async function rolloutsView(params) {
+  const form = el("form", { class: "filters", id: "filters" });
+  for (const [name, kind, options] of FILTERS) {
+    const control = kind === "select"
+      ? el("select", { name, id: `filter-${name}` }, options.map((o) => el("option", { value: o }, o || "any")))
+      : el("input", { name, id: `filter-${name}`, placeholder: name === "q" ? "id prefix" : name, size: 14 });
+    control.value = params.get(name) || "";
+    form.append(el("label", {}, name.replace("_", " "), control));
+  }
+  form.append(el("button", { type: "submit" }, "Filter"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    for (const [name, value] of new FormData(form)) if (value) next.set(name, value);
+    for (const keep of ["sort", "order"]) if (params.get(keep)) next.set(keep, params.get(keep));
+    window.location.hash = `#/rollouts?${next}`;
+  });
+  const table = el("table", { class: "rollouts", id: "rollouts-table" });
+  const summary = el("p", { class: "summary", id: "rollouts-summary" }, "loading…");
+  const pager = el("div", { class: "pager" });
+  show(el("h1", {}, "Rollouts"), form, summary, table, pager);
+
+  const sort = params.get("sort") || "created";
+  const order = params.get("order") || "desc";
+  const offset = Number(params.get("offset") || 0);
+  const query = new URLSearchParams(params);
+  query.set("limit", String(PAGE));
+  let page;
+  try {
+    page = await getJson(`/rollouts?${query}`);
+  } catch (error) {
+    summary.replaceWith(failure(error));
+    return;
+  }
+  const head = el("tr", {}, COLUMNS.map(([, label, key]) => {
+    if (!key) return el("th", {}, label);
+    const next = new URLSearchParams(params);
+    next.set("sort", key);
+    next.set("order", sort === key && order === "desc" ? "asc" : "desc");
+    next.delete("offset");
+    const arrow = sort === key ? (order === "desc" ? " ▼" : " ▲") : "";
+    return el("th", {}, link(`#/rollouts?${next}`, label + arrow));
+  }));
+  const rows = page.items.map((row) => el("tr", { class: `state-${row.state}` },
+    el("td", {}, link(`#/rollout/${enc(row.rollout_id)}`, row.rollout_id)),
+    el("td", {}, el("span", { class: `badge ${row.state}` }, row.state)),
+    el("td", {}, row.mode),
+    el("td", {}, row.group_id ? link(`#/group/${enc(row.group_id)}`, row.group_id) : ""),
+    el("td", {}, row.data_id),
+    el("td", {}, String(row.attempts)),
+    el("td", {}, when(row.created_at)),
+    el("td", {}, when(row.updated_at)),
+    el("td", { class: "clip" }, row.error_message || ""),
+  ));
+  table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows));
+  const last = Math.min(offset + page.items.length, page.total);
+  summary.textContent = `${page.total} rollouts; ${page.total ? offset + 1 : 0}–${last} shown`;
+  const move = (to) => { const next = new URLSearchParams(params); next.set("offset", String(to)); return `#/rollouts?${next}`; };
+  if (offset > 0) pager.append(link(move(Math.max(0, offset - PAGE)), "← previous"));
+  if (last < page.total) pager.append(link(move(offset + PAGE), "next →"), " ", link(move(Math.floor((page.total - 1) / PAGE) * PAGE), "last"));
+}
+
+// -- one rollout ----------------------------------------------------------------------------
+
+function tokenSpan(id, textValue, cls, logprob) {
+  const title = `id ${id}` + (logprob === null || logprob === undefined ? "" : ` · logprob ${Number(logprob).toFixed(3)}`);
+  const span = el("span", { class: `tok ${cls}`, title }, textValue === undefined ? String(id) : textValue);
+  if (logprob !== null && logprob !== undefined) {
+    // Heat: a confident token is pale, an unlikely one strong.
+    const heat = Math.min(1, -Number(logprob) / 5);
+    span.style.setProperty("--heat", heat.toFixed(2));
+  }
+  return span;
+}
+
+function tokensBlock(call) {
+  const box = el("div", { class: "tokens" });
+  const obs = call.observation || { ids: [] };
+  if (obs.hidden) box.append(el("span", { class: "tok hidden" }, `… ${obs.hidden} prompt ids`));
+  obs.ids.forEach((id, i) => box.append(tokenSpan(id, obs.text ? obs.text[i] : undefined, "observation", null)));
+  const resp = call.response || { ids: [] };
+  resp.ids.forEach((id, i) => {
+    const trained = resp.mask && resp.mask[i] === 1;
+    box.append(tokenSpan(id, resp.text ? resp.text[i] : undefined, trained ? "trained" : "masked", resp.logprobs ? resp.logprobs[i] : null));
+  });
+  return box;
+}
+
+function messageBlock(message) {
+  if (message === null || message === undefined) return null;
+  if (typeof message !== "object") return el("div", { class: "msg" }, el("pre", {}, text(message)));
+  const role = message.role || "?";
+  const parts = [];
+  if (typeof message.content === "string") parts.push(message.content);
+  else if (Array.isArray(message.content)) {
+    for (const part of message.content) parts.push(part && typeof part.text === "string" ? part.text : text(part));
+  } else if (message.content !== undefined && message.content !== null) parts.push(text(message.content));
+  if (message.tool_calls) parts.push(text(message.tool_calls));
+  return el("div", { class: `msg role-${String(role).replace(/[^a-z_]/g, "")}` }, el("span", { class: "role" }, role), el("pre", {}, parts.join("\n")));
+}
+
+function breakBlock(brk) {
+  const side = (title, textValue, ids) => el("div", { class: "side" },
+    el("h4", {}, title),
+    textValue !== null && textValue !== undefined ? el("pre", { class: "break-text" }, textValue) : null,
+    el("pre", { class: "break-ids" }, ids.join(" ")));
+  return el("details", { class: "merge-break", open: true },
+    el("summary", {}, `merge break: ${brk.kind} (shares ${brk.shared_prefix} ids; shown from id ${brk.from})`),
+    el("div", { class: "sides" },
+      side("previous prompt + response", brk.expected_text, brk.expected_ids),
+      side("this prompt", brk.actual_text, brk.actual_ids)));
+}
+
+function callBlock(call) {
+  return el("section", { class: "call", id: `call-${call.index}` },
+    el("h3", {}, `call ${call.index}`,
+      el("span", { class: "meta" }, ` · ${call.model || "?"} · version ${call.version ?? "?"} · ${call.status}${call.agent_id ? " · agent " + call.agent_id : ""}${call.trained ? "" : " · not trained"}`)),
+    call.break ? breakBlock(call.break) : null,
+    el("div", { class: "messages", id: `messages-${call.index}` }, el("p", { class: "summary" }, "messages loading…")),
+    call.response ? tokensBlock(call) : null);
+}
+
+/** Fill in the messages and replies of calls already drawn (they are read apart: the full
+ * records cost more to read than the tokens). */
+function fillMessages(items) {
+  for (const item of items) {
+    const box = document.getElementById(`messages-${item.index}`);
+    if (!box) continue;
+    if (!item.messages) { box.replaceChildren(el("p", { class: "summary" }, "messages not found")); continue; }
+    const parts = [
+      item.history_rewritten ? el("p", { class: "summary" }, "history rewritten: every message of this request") : null,
+      ...item.messages.map(messageBlock),
+      el("div", { class: "reply" }, el("h4", {}, "reply"), messageBlock(item.reply)),
+    ];
+    box.replaceChildren(...parts.filter((node) => node !== null));
+  }
+}
+
+function timeline(detail) {
+  const n = detail.calls;
+  const box = el("div", { class: "timeline", id: "timeline" });
+  if (!n) return box;
+  const versions = [...new Set(detail.timeline.map((c) => c.version))];
+  for (const c of detail.timeline) {
+    const hue = (210 + versions.indexOf(c.version) * 67) % 360;
+    const mark = el("a", { href: `#call-${c.index}`, class: `tick ${c.status === "ok" ? "" : "bad"}`, title: `call ${c.index} · version ${c.version ?? "?"} · ${c.status}` });
+    mark.style.left = `${(100 * c.index) / n}%`;
+    mark.style.setProperty("--hue", String(hue));
+    mark.addEventListener("click", (event) => { event.preventDefault(); const target = document.getElementById(`call-${c.index}`); if (target) target.scrollIntoView(); });
+    box.append(mark);
+  }
+  for (const event of detail.events || []) {
+    const at = Math.max(0, event.after_call + 1);
+    const value = event.data && event.data.value !== undefined ? ` = ${text(event.data.value)}` : "";
+    const mark = el("span", { class: `event ${event.event_type === "reward" ? "reward" : ""}`, title: `${event.event_type}${value} after call ${event.after_call}` }, event.event_type === "reward" ? "★" : "•");
+    mark.style.left = `${(100 * at) / n}%`;
+    box.append(mark);
+  }
+  return box;
+}
+
+async function rolloutView(parts, params) {
+  const id = parts[1];
+  const attempt = params.get("attempt");
+  let detail;
+  try {
+    detail = await getJson(`/rollouts/${enc(id)}` + (attempt ? `?attempt=${enc(attempt)}` : ""));
+  } catch (error) {
+    show(el("h1", {}, "Rollout ", id), failure(error));
+    return;
+  }
+  const r = detail.rollout;
+  const group = r.metadata && r.metadata.data_id !== undefined ? String(r.metadata.data_id) : null;
+  const facts = el("dl", { class: "facts" },
+    el("dt", {}, "state"), el("dd", {}, el("span", { class: `badge ${r.status.state}` }, r.status.state)),
+    el("dt", {}, "mode"), el("dd", {}, r.is_train ? "train" : "val"),
+    el("dt", {}, "group"), el("dd", {}, group ? link(`#/group/${enc(group)}`, group) : "–"),
+    el("dt", {}, "reward"), el("dd", { id: "rollout-reward" }, num(detail.reward)),
+    el("dt", {}, "model calls"), el("dd", {}, String(detail.calls)),
+    el("dt", {}, "merge breaks"), el("dd", {}, String(detail.breaks ?? 0)),
+    el("dt", {}, "created"), el("dd", {}, when(r.status.created_at)),
+    el("dt", {}, "error"), el("dd", { class: "clip" }, r.status.error_message || "–"),
+  );
+  const attempts = el("table", { class: "attempts" },
+    el("thead", {}, el("tr", {}, ["attempt", "state", "outcome", "started", "ended", "exit", "reason"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, detail.attempts.map((a) => el("tr", { class: a.id === detail.attempt ? "current" : "" },
+      el("td", {}, link(`#/rollout/${enc(id)}?attempt=${enc(a.id)}`, a.id)),
+      el("td", {}, a.state), el("td", {}, a.outcome || ""), el("td", {}, when(a.started_at)),
+      el("td", {}, when(a.ended_at)), el("td", {}, a.exit_code ?? ""), el("td", { class: "clip" }, a.reason || "")))));
+  const resources = Object.entries(detail.resources || {}).map(([name, a]) => el("li", {}, `${name}: version ${a.version} (${a.selector})${a.release_id ? ` release ${a.release_id} ${a.arm}` : ""}`));
+  const events = el("ul", { class: "events" }, (detail.events || []).map((e) => el("li", {}, `${when(e.timestamp)} · ${e.event_type} after call ${e.after_call}: `, el("code", {}, text(e.data)))));
+  const calls = el("div", { id: "calls" });
+  const more = el("button", { id: "more-calls", type: "button" }, "load more calls");
+  show(
+    el("h1", {}, "Rollout ", el("code", {}, id)),
+    facts,
+    el("h2", {}, "Attempts"), attempts,
+    resources.length ? el("div", {}, el("h2", {}, "Resources"), el("ul", {}, resources)) : null,
+    el("h2", {}, `Timeline (attempt ${detail.attempt ?? "–"})`), timeline(detail),
+    el("h2", {}, "Events"), events,
+    detail.log_tail ? el("details", {}, el("summary", {}, "attempt log (tail)"), el("pre", { class: "log" }, detail.log_tail)) : null,
+    el("h2", {}, "Model calls"),
+    el("p", { class: "legend" }, el("span", { class: "tok trained" }, "trained"), " ", el("span", { class: "tok masked" }, "sampled, not trained"), " ", el("span", { class: "tok observation" }, "observation (mask 0)"), " — hover a token for its id and log probability"),
+    calls, more);
+  if (!detail.attempt) { more.remove(); return; }
+  let offset = 0;
+  const load = async () => {
+    more.disabled = true;
+    const page = await getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/calls?offset=${offset}&limit=${CALLS_PAGE}`);
+    // Incremental: each page is drawn in one frame of its own.
+    await new Promise((resolve) => requestAnimationFrame(resolve));
+    calls.append(...page.items.map(callBlock));
+    const from = offset;
+    getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/messages?offset=${from}&limit=${CALLS_PAGE}`)
+      .then((messages) => fillMessages(messages.items))
+      .catch((error) => calls.append(failure(error)));
+    offset += page.items.length;
+    more.disabled = false;
+    if (offset >= page.total) { more.remove(); observer.disconnect(); }
+  };
+  more.addEventListener("click", load);
+  const observer = new IntersectionObserver((entries) => { if (entries.some((e) => e.isIntersecting) && !more.disabled) load(); });
+  observer.observe(more);
+  await load();
+}
+
+// -- a group --------------------------------------------------------------------------------
+
+async function groupView(parts) {
+  const id = parts[1];
+  let page;
+  try { page = await getJson(`/groups/${enc(id)}`); } catch (error) { show(el("h1", {}, "Group ", id), failure(error)); return; }
+  const max = Math.max(1e-9, ...page.items.map((r) => Math.abs(r.advantage || 0)));
+  const cards = page.items.map((r) => {
+    const bar = el("div", { class: `adv ${r.advantage >= 0 ? "pos" : "neg"}` });
+    bar.style.width = `${(50 * Math.abs(r.advantage || 0)) / max}%`;
+    return el("div", { class: "sibling" },
+      el("h3", {}, link(`#/rollout/${enc(r.rollout_id)}`, r.rollout_id)),
+      el("span", { class: `badge ${r.state}` }, r.state),
+      el("p", {}, "reward ", el("strong", { class: "reward" }, num(r.reward))),
+      el("p", {}, "advantage ", el("strong", {}, num(r.advantage))),
+      el("div", { class: "advbar" }, bar));
+  });
+  show(el("h1", {}, "Group ", el("code", {}, id)), el("p", {}, `${page.total} siblings; advantages: GRPO (group mean, std) over those with a reward`), el("div", { class: "siblings" }, cards));
+}
+
+// -- training runs --------------------------------------------------------------------------
+
+const CURVES = [
+  ["reward_mean", "reward (mean)"],
+  ["train/approx_kl", "KL (approx.)"],
+  ["train/entropy", "entropy"],
+  ["train/clip_fraction", "clip fraction"],
+  ["train/tokens_per_s", "tokens / s"],
+  ["rows/breaks", "merge breaks"],
+];
+
+async function runsView() {
+  let runs;
+  try { runs = await getJson("/runs"); } catch (error) { show(el("h1", {}, "Training runs"), failure(error)); return; }
+  show(el("h1", {}, "Training runs"),
+    runs.items.length ? el("table", {}, el("thead", {}, el("tr", {}, ["run", "steps", "last step", "first report", "last report"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, runs.items.map((r) => el("tr", {}, el("td", {}, link(`#/run/${enc(r.run_id)}`, r.run_id)), el("td", {}, String(r.steps)), el("td", {}, String(r.last_step)), el("td", {}, when(r.first_at)), el("td", {}, when(r.last_at))))))
+      : el("p", {}, "No run has reported metrics yet (keraunos train reports each step to its gateway)."));
+}
+
+async function runView(parts) {
+  const id = parts[1];
+  const records = [];
+  const charts = CURVES.map(([key, label]) => window.KeraunosCharts.lineChart(label, key));
+  const status = el("p", { class: "summary", id: "run-status" }, "loading…");
+  show(el("h1", {}, "Training run ", el("code", {}, id)), status, el("div", { class: "charts" }, charts.map((c) => c.node)));
+  let stopped = false;
+  stopPolling = () => { stopped = true; };
+  const poll = async () => {
+    if (stopped) return;
+    const after = records.length ? records[records.length - 1].step : -1;
+    try {
+      const page = await getJson(`/runs/${enc(id)}?after=${after}`);
+      records.push(...page.items);
+      for (const chart of charts) chart.draw(records);
+      status.textContent = `${records.length} steps; last step ${records.length ? records[records.length - 1].step : "–"}; updating every 2 s`;
+      status.dataset.steps = String(records.length);
+    } catch (error) {
+      status.textContent = String(error.message || error);
+    }
+    setTimeout(poll, 2000);
+  };
+  poll();
+}
+
+// -- resources and releases -----------------------------------------------------------------
+
+async function resourcesView() {
+  let resources, releases, audit;
+  try {
+    [resources, releases, audit] = await Promise.all([getJson("/resources"), getJson("/releases"), getJson("/audit?limit=50")]);
+  } catch (error) { show(el("h1", {}, "Resources and releases"), failure(error)); return; }
+  const resourceBlocks = resources.items.map((r) => el("section", { class: "resource" },
+    el("h3", {}, r.name, el("span", { class: "meta" }, ` · ${r.kind} · latest ${r.latest}`)),
+    el("p", {}, "labels: ", Object.entries(r.labels).map(([label, v]) => el("span", { class: "badge" }, `${label} → ${v}`))),
+    el("table", {}, el("thead", {}, el("tr", {}, ["version", "hash", "message", "by", "created", "rollouts"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, r.versions.slice().reverse().map((v) => el("tr", {},
+        el("td", {}, String(v.version)), el("td", {}, el("code", {}, v.hash.slice(0, 12))), el("td", { class: "clip" }, v.message),
+        el("td", {}, v.created_by), el("td", {}, when(v.created_at)),
+        el("td", {}, link(`#/rollouts?resource=${enc(r.name)}&version=${v.version}`, "rollouts"))))))));
+  const releaseTable = el("table", { class: "releases" },
+    el("thead", {}, el("tr", {}, ["release", "resource", "label", "baseline → candidate", "state", "stage", "share", "waiting for", "reason", "updated"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, releases.items.map((x) => el("tr", {},
+      el("td", {}, x.release_id), el("td", {}, x.resource), el("td", {}, x.label), el("td", {}, `${x.baseline} → ${x.candidate}`),
+      el("td", {}, el("span", { class: `badge ${x.state}` }, x.state)), el("td", {}, String(x.stage)), el("td", {}, x.share ?? "–"),
+      el("td", {}, x.waiting_for || ""), el("td", { class: "clip" }, x.reason), el("td", {}, when(x.updated_at))))));
+  const auditTable = el("table", { class: "audit" },
+    el("thead", {}, el("tr", {}, ["#", "at", "actor", "action", "subject", "reason"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, audit.items.map((a) => el("tr", {},
+      el("td", {}, String(a.seq)), el("td", {}, when(a.at)), el("td", {}, a.actor), el("td", {}, a.action), el("td", {}, a.subject), el("td", { class: "clip", title: text(a.evidence) }, a.reason)))));
+  show(el("h1", {}, "Resources and releases"),
+    el("h2", {}, "Resources"), resources.items.length ? resourceBlocks : el("p", {}, "No resources."),
+    el("h2", {}, "Releases and their decisions"), releases.items.length ? releaseTable : el("p", {}, "No releases."),
+    el("h2", {}, `Audit log (${audit.count} entries, newest first)`), auditTable);
+}
+
+// -- routing --------------------------------------------------------------------------------
+
+async function route() {
+  stopPolling();
+  stopPolling = () => {};
+  const { parts, params } = parseHash();
+  const name = parts[0] || "rollouts";
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === name || (name === "run" && a.dataset.nav === "runs"));
+  if (name === "rollout" && parts[1]) return rolloutView(parts, params);
+  if (name === "group" && parts[1]) return groupView(parts);
+  if (name === "runs") return runsView();
+  if (name === "run" && parts[1]) return runView(parts);
+  if (name === "resources") return resourcesView();
+  return rolloutsView(params);
+}
+
+document.addEventListener("DOMContentLoaded", async () => {
+  window.addEventListener("hashchange", route);
+  try {
+    const who = await getJson("/session");
+    document.getElementById("who").textContent = who.auth ? `${who.actor} (${who.role})` : "auth disabled";
+  } catch (error) { return; }
+  route();
+});

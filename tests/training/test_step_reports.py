@@ -1,0 +1,59 @@
+"""A training run's step records reach the gateway (docs/protocol.md#training-runs): `keraunos train`
+posts each step's record, a value that is not finite as null; a gateway that refuses a report
+(a key without the grant, a gateway away) costs the run nothing but a logged warning."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from keraunos.testing.processes import Gateway, free_port
+from keraunos.training.step_reports import StepReporter
+
+pytestmark = pytest.mark.anyio
+
+READER_KEY = "reader-key-of-step-reports-000001"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_each_step_is_stored_with_non_finite_values_as_null(
+    gateway_factory: Callable[..., Gateway],
+) -> None:
+    gateway = gateway_factory()
+    reporter = StepReporter(gateway.base_url, gateway.key, "run-1")
+    try:
+        for step in range(2):
+            assert await reporter.report(
+                {"step": float(step), "reward_mean": 0.5 * step, "train/approx_kl": math.nan}
+            )
+    finally:
+        await reporter.close()
+    with gateway.client() as api:
+        records = api.get("/api/runs/run-1/steps").json()
+    assert [(r["step"], r["record"]["reward_mean"], r["record"]["train/approx_kl"]) for r in records] == [
+        (0, 0.0, None),
+        (1, 0.5, None),
+    ]
+
+
+async def test_a_refused_or_unreachable_report_does_not_raise(
+    gateway_factory: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - {{name: reader-1, role: reader, key: {READER_KEY}}}\n")
+    gateway = gateway_factory(args=("--keys-file", str(keys)))
+    for base_url, key in ((gateway.base_url, READER_KEY), (f"http://127.0.0.1:{free_port()}", "k")):
+        reporter = StepReporter(base_url, key, "run-2")
+        try:
+            assert await reporter.report({"step": 0.0, "reward_mean": 1.0}) is False
+        finally:
+            await reporter.close()
+    assert httpx.get(f"{gateway.base_url}/api/runs/run-2/steps", headers=gateway.headers).json() == []
