@@ -1,5 +1,6 @@
-"""Each step's metrics record posted to the gateway (docs/protocol.md#training-runs), so the
-dashboard draws a run's curves from the ledger without its run directory.
+"""Each step's metrics record posted to the gateway (docs/protocol.md#training-runs).
+
+The dashboard then draws a run's curves from the ledger, without its run directory.
 
 A report that fails (the gateway away, a key without the grant) is logged and dropped: the record
 is in metrics.jsonl either way, and the curves are not worth stopping a run for. A step posted

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keraunos.training._data import CompletedRollout, Sample, Triplet
-from keraunos.training.trajectories import MergeBreak, TrajectoryConfig, build_rows
+from keraunos.training.trajectories import MergeBreak, TrajectoryConfig, build_rows, trajectories
 
 PROPERTY = settings(
     derandomize=True, max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -354,3 +354,26 @@ def test_every_sample_is_trained_or_counted_and_each_trained_one_is_a_sample_of_
     empty = sum(1 for c in calls for s in c.samples if not len(s.response_ids))
     assert len(rows) <= trained_samples and len(rows) >= trained_samples - empty
     assert trained_samples == len(calls) - (metrics["unresolved_calls"] if rule == "drop" else 0)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollouts())
+def test_trajectories_are_build_rows_rows_unpadded(calls: list[Triplet]) -> None:
+    """`trajectories` (what the dashboard shows) holds the rows `build_rows` trains on, before padding:
+    the same prompts, response ids, masks, call indexes, and the same merge breaks."""
+    config = TrajectoryConfig(max_prompt_len=512, max_response_len=512)  # nothing dropped or cut
+    built = build_rows([rollout(calls)], config)
+    shown, breaks = trajectories(rollout(calls), config)
+    assert breaks == built.breaks
+    kept = [t for t in shown if t.mask.any()]  # build_rows skips rows with nothing to train
+    assert len(kept) == len(built.rows)
+    for row, trajectory in enumerate(kept):
+        n = len(trajectory.response_ids)
+        p = built.rows.prompt_len
+        assert built.rows.input_ids[row, p : p + n].tolist() == trajectory.response_ids.tolist()
+        assert (
+            built.rows.input_ids[row, p - len(trajectory.prompt_ids) : p].tolist()
+            == trajectory.prompt_ids.tolist()
+        )
+        assert built.rows.response_mask[row, :n].tolist() == trajectory.mask.astype(int).tolist()
+        assert built.rows.call_index[row, :n].tolist() == trajectory.call_index.tolist()

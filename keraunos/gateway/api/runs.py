@@ -1,5 +1,6 @@
-"""`POST /api/runs/{run_id}/steps` and `GET /api/runs/{run_id}/steps` (docs/protocol.md#training-runs):
-the metrics a trainer reports for each step, kept in the ledger for the dashboard's curves.
+"""A trainer's step metrics, posted and read at `/api/runs/{run_id}/steps` (docs/protocol.md#training-runs).
+
+`POST` stores one step's record in the ledger, `GET` pages through a run's: the dashboard's curves.
 
 A record is the flat dict `keraunos.training.records.step_metrics` makes (numbers; null for a value
 that is not finite). Reporting a step again replaces its record, so a trainer may retry a post and

@@ -1,5 +1,7 @@
-"""What guards the dashboard: security headers on every `/ui` response, same-origin login and
-logout, and the session every page and data request needs.
+"""What guards the dashboard: security headers, same-origin login and logout, the session check.
+
+Every `/ui` response gets the headers; login and logout must come from the dashboard's own pages;
+every page and data request needs a session.
 
 The Content-Security-Policy lets a page run only the dashboard's own script files: no inline
 script, no `eval`, no other origin, no framing. It is the second wall; the first is that the

@@ -1,5 +1,6 @@
-"""The dashboard's data routes, `GET /ui/api/...` (docs/protocol.md#dashboard): small JSON answers
-over the ledger's reads, filtered, sorted and paged on the server.
+"""The dashboard's data routes, `GET /ui/api/...` (docs/protocol.md#dashboard): JSON over the ledger.
+
+Small answers over the ledger's reads, filtered, sorted and paged on the server.
 
 Every route needs a dashboard session (`_guard.require_session`, a 401 otherwise) and only reads.
 The heavy one, a rollout's calls, is built once per (rollout, attempt) and kept a few seconds

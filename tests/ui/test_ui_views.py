@@ -1,0 +1,89 @@
+"""What the dashboard shows of a rollout (pure, `keraunos.gateway.ui.views`): the tokens of each
+call as training merges them (observation ids between calls, trained response ids with their log
+probabilities), a merge break with both sides, messages found beside their calls, and a group's
+advantages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from keraunos.gateway.ui.views import attempt_view, call_messages, group_view, match_calls
+from keraunos.ledger._rollout_query import RolloutRow
+from keraunos.protocol import RolloutState
+
+
+def triplet(prompt: list[int], response: list[int], version: int = 1) -> dict[str, Any]:
+    return {
+        "event_type": "model_request",
+        "timestamp": 1.0,
+        "data": {
+            "prompt_token_ids": np.asarray(prompt),
+            "response_token_ids": np.asarray(response),
+            "response_log_probs": [-0.5] * len(response),
+            "server": {"model": "m", "version": version},
+            "status": "ok",
+        },
+    }
+
+
+def test_a_continued_call_shows_the_ids_between_as_observation() -> None:
+    events = [triplet([1, 2], [3, 4]), triplet([1, 2, 3, 4, 9, 9], [5], version=2)]
+    events.append({"event_type": "reward", "timestamp": 2.0, "data": {"value": 1.0}})
+    view = attempt_view("r", events)
+    first, second = view.calls
+    assert first["observation"]["ids"] == [1, 2] and first["response"]["mask"] == [1, 1]
+    assert second["observation"]["ids"] == [9, 9] and second["response"]["ids"] == [5]
+    assert second["response"]["logprobs"] == [-0.5] and second["version"] == 2
+    assert (view.reward, view.breaks, view.events[0]["after_call"]) == (1.0, 0, 1)
+
+
+def test_a_prompt_that_does_not_continue_is_a_break_with_both_sides() -> None:
+    view = attempt_view("r", [triplet([1, 2], [3, 4]), triplet([1, 2, 7, 4, 9], [5])])
+    merge_break = view.calls[1]["break"]
+    assert merge_break["shared_prefix"] == 2
+    assert merge_break["expected_ids"] == [1, 2, 3, 4] and merge_break["actual_ids"] == [1, 2, 7, 4, 9]
+    assert view.calls[1]["observation"]["ids"] == [1, 2, 7, 4, 9]  # a new row starts: its prompt
+
+
+def test_messages_are_the_ones_each_call_added_and_are_found_beside_their_calls() -> None:
+    system = {"role": "system", "content": "s"}
+    full = [
+        {
+            "event_type": "model_request",
+            "data": {
+                "request": {"messages": [system]},
+                "response": {
+                    "prompt_token_ids": [1, 2],
+                    "choices": [{"message": {"role": "assistant", "content": "a"}, "token_ids": [3, 4]}],
+                },
+            },
+        },
+        {
+            "event_type": "model_request",
+            "data": {
+                "request": {"messages": [system, {"role": "tool", "content": "<b>"}]},
+                "response": {
+                    "prompt_token_ids": [1, 2, 3, 4, 9],
+                    "choices": [{"message": {"role": "assistant", "content": "c"}, "token_ids": [5]}],
+                },
+            },
+        },
+    ]
+    messages = call_messages(full)
+    assert messages[1]["messages"] == [{"role": "tool", "content": "<b>"}]
+    assert messages[1]["reply"] == {"role": "assistant", "content": "c"}
+    calls = attempt_view("r", [triplet([1, 2], [3, 4]), triplet([1, 2, 3, 4, 9], [5])]).calls
+    assert match_calls(calls, messages) == [0, 1]
+    assert match_calls(calls[1:], messages) == [1]
+
+
+def test_a_group_gets_grpo_advantages_over_the_siblings_with_a_reward() -> None:
+    def row(rid: str) -> RolloutRow:
+        return RolloutRow(rid, RolloutState.SUCCEEDED, True, "g", "", 0.0, 0.0, 1, "1", None)
+
+    shown = group_view([row("a"), row("b"), row("c")], [1.0, 0.0, None])
+    assert shown[0]["advantage"] == pytest.approx(-shown[1]["advantage"]) and shown[0]["advantage"] > 0
+    assert shown[2]["advantage"] is None
