@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prerequisites import REPO, missing
+from prerequisites import REPO, agl_binary, missing
 
 from keraunos.testing.processes import clean_env
 
@@ -51,8 +51,29 @@ def require_verl() -> Path:
 
 def run_in_verl(script: str, spec: dict[str, Any] | None = None, timeout: float = 300) -> dict[str, Any]:
     """Run `tests/verl/<script>` with the verl venv's python, `spec` as JSON on stdin; its JSON out."""
+    return run_side(require_verl(), script, spec, timeout)
+
+
+def require_agl_verl_client() -> Path:
+    """The Agent Lightning 1.0.2 venv's python, able to import its verl-side rollout manager (which
+    needs numpy, not in Agent Lightning's own requirements); `missing` otherwise."""
+    python = agl_binary("agl-controller").with_name("python")
+    probe = "import agentlightning.verl.agl_rollout_manager"
+    if (
+        subprocess.run([str(python), "-c", probe], check=False, timeout=60, capture_output=True).returncode
+        != 0
+    ):
+        missing(
+            f"{python} cannot import agentlightning.verl.agl_rollout_manager "
+            f"(install numpy there: {python.parent}/pip install numpy)"
+        )
+    return python
+
+
+def run_side(python: Path, script: str, spec: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
+    """Run `tests/verl/<script>` with `python`, `spec` as JSON on stdin; the JSON it prints last."""
     result = subprocess.run(
-        [str(require_verl()), str(HERE / script)],
+        [str(python), str(HERE / script)],
         input=json.dumps(spec or {}),
         capture_output=True,
         text=True,
