@@ -93,7 +93,7 @@ def test_a_calc_rollout_shows_masked_tokens_and_its_reward(
     assert "logprob -0.050" in (second.locator(".tok.trained").first.get_attribute("title") or "")
     page.wait_for_selector("#messages-1 .msg")
     assert "<answer> 12 </answer>" in page.text_content("#messages-1")
-    page.locator("#call-0").scroll_into_view_if_needed()
+    page.evaluate("document.getElementById('call-0').scrollIntoView()")
     shoot(page, "rollout", tmp_path)
 
 

@@ -59,7 +59,7 @@ class ViewCache:
     `VIEW_TTL_S` (kept on the app's state)."""
 
     def __init__(self) -> None:
-        self._built: OrderedDict[tuple[str, str, str], tuple[float, Any]] = OrderedDict()
+        self._built: OrderedDict[tuple[str, str, str], tuple[float, asyncio.Future[Any]]] = OrderedDict()
 
     async def view(
         self, ledger: Ledger, rollout_id: str, attempt_id: str, tokenizer: Tokenizer | None
@@ -82,16 +82,17 @@ class ViewCache:
         return await self._get(("messages", rollout_id, attempt_id), build)
 
     async def _get(self, key: tuple[str, str, str], build: Callable[[], Awaitable[T]]) -> T:
+        # The build runs as a task of its own: requests that want the same thing while it runs
+        # wait for that one build, and one that gives up (a closed tab) does not cancel it.
         now = time.monotonic()
         found = self._built.get(key)
-        if found is not None and now - found[0] < VIEW_TTL_S:
-            return found[1]
-        value = await build()
-        self._built[key] = (now, value)
-        self._built.move_to_end(key)
-        while len(self._built) > VIEW_CACHE_SIZE:
-            self._built.popitem(last=False)
-        return value
+        if found is None or now - found[0] >= VIEW_TTL_S or (found[1].done() and found[1].exception()):
+            found = (now, asyncio.ensure_future(build()))
+            self._built[key] = found
+            self._built.move_to_end(key)
+            while len(self._built) > VIEW_CACHE_SIZE:
+                self._built.popitem(last=False)
+        return await asyncio.shield(found[1])
 
 
 def _json(value: Any) -> Response:
@@ -164,9 +165,11 @@ async def rollout(
         "calls": 0,
     }
     if attempt_id is not None:
-        view = await request.app.state.ui_views.view(
-            ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer
-        )
+        cache: ViewCache = request.app.state.ui_views
+        # The messages cost the most to read: their build starts now, while the page draws the tokens.
+        prefetch = asyncio.ensure_future(cache.messages(ledger, rollout_id, attempt_id))
+        prefetch.add_done_callback(_quiet)
+        view = await cache.view(ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer)
         log = await ledger.get_attempt_log(rollout_id, attempt_id)
         body.update(
             calls=len(view.calls),
@@ -308,6 +311,12 @@ async def audit(
     entries = await ledger.list_audit(start, end - 1 - start) if end - 1 > start else []
     items = [entry.model_dump(mode="json") for entry in reversed(entries)]
     return _json({"items": items, "count": head.count})
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """Retrieve a prefetch's outcome (its error is raised again to whoever asks for the messages)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def vars_of(value: Any) -> dict[str, Any]:

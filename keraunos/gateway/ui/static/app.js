@@ -314,8 +314,7 @@ async function rolloutView(parts, params) {
   const load = async () => {
     more.disabled = true;
     const page = await getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/calls?offset=${offset}&limit=${CALLS_PAGE}`);
-    // Incremental: each page is drawn in one frame of its own.
-    await new Promise((resolve) => requestAnimationFrame(resolve));
+    // Incremental: a page of calls at a time, the next when the reader scrolls near the end.
     calls.append(...page.items.map(callBlock));
     const from = offset;
     getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/messages?offset=${from}&limit=${CALLS_PAGE}`)

@@ -1,0 +1,173 @@
+"""Page loads of the dashboard (issue 21): a 500-call rollout, and the first page of a 100,000-rollout table.
+
+A real `keraunos gateway` serves a SQLite ledger filled beforehand through the ledger's own API
+(100,000 rollouts in groups of 8, and one rollout of 500 calls shaped like a vLLM-served multi-turn
+agent's, `keraunos.testing.calls.growing_prefix_rollout`: a prompt of 1,024 ids growing by a
+128-id reply and a 50-id observation per call). Debian's Chromium, driven by Playwright, logs in and
+then loads each page in a fresh tab; a load is timed from the navigation to the first meaningful
+data on screen:
+
+- table: the first row of the rollouts table drawn (`#rollouts-table tbody tr`);
+- rollout: the first call's tokens drawn (`#call-0 .tok`), then, separately, its messages
+  (`#messages-0 .msg`; they come from the full records, read apart).
+
+The gateway keeps a built rollout view for 15 s (`keraunos.gateway.ui.api.VIEW_TTL_S`): a cold
+load waits that out first, a warm one does not. min / median / max of each, in milliseconds. A
+benchmark, not a test: it asserts nothing.
+
+    python benchmarks/dashboard.py --rounds 5 [--rollouts 100000] [--calls 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from keraunos.ledger import SqliteLedger
+from keraunos.protocol import AttemptOutcome, RolloutCreate, RolloutMetadata
+from keraunos.testing.calls import growing_prefix_rollout
+from keraunos.testing.processes import start_gateway
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEW_TTL_S = 15.0
+
+
+async def fill(db: Path, rollouts: int, calls: int) -> None:
+    """`big`: one finished rollout of `calls` calls and a reward; then `rollouts` queuing rollouts in
+    groups of 8."""
+    ledger = SqliteLedger(db)
+    await ledger.open()
+    try:
+        await ledger.create_rollouts([RolloutCreate(rollout_id="big", input={})], time.time())
+        (claim,) = await ledger.claim_rollouts("bench", 1, 3600.0, time.time())
+        attempt = claim.attempt.id
+        for data in growing_prefix_rollout(calls):
+            await ledger.append_event("big", attempt, "model_request", data, time.time())
+        await ledger.append_event("big", attempt, "reward", {"value": 1.0}, time.time())
+        await ledger.finish_attempt("big", attempt, AttemptOutcome.SUCCEEDED, 0, None, "bench", time.time())
+        chunk = 2000
+        for start in range(0, rollouts, chunk):
+            items = [
+                RolloutCreate(
+                    rollout_id=f"bench.s{i // 64}.i{i // 8}.{i % 8}",
+                    input={"data_id": f"row-{i // 8}"},
+                    is_train=i % 10 != 0,
+                    metadata=RolloutMetadata.model_validate({"data_id": f"bench.s{i // 64}.i{i // 8}"}),
+                )
+                for i in range(start, min(start + chunk, rollouts))
+            ]
+            await ledger.create_rollouts(items, time.time())
+    finally:
+        await ledger.close()
+
+
+def timed_load(context: Any, url: str, selectors: list[str]) -> list[float]:
+    """Milliseconds from navigating a fresh tab to `url` until each selector is on screen."""
+    page = context.new_page()
+    page.set_default_timeout(120_000)
+    started = time.perf_counter()
+    page.goto(url, wait_until="commit")
+    out = []
+    for selector in selectors:
+        page.wait_for_selector(selector)
+        out.append((time.perf_counter() - started) * 1000)
+    page.close()
+    return out
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "min": round(min(values), 1),
+        "median": round(statistics.median(values), 1),
+        "max": round(max(values), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rollouts", type=int, default=100_000)
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    parser.add_argument("--out", type=Path, default=None, help="Write the results as JSON here.")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    workdir = Path(tempfile.mkdtemp(prefix="keraunos-dashboard-bench-"))
+    db = workdir / "ledger.db"
+    t0 = time.perf_counter()
+    asyncio.run(fill(db, args.rollouts, args.calls))
+    print(
+        f"filled {args.rollouts} rollouts and a {args.calls}-call rollout in {time.perf_counter() - t0:.1f} s"
+    )
+    gateway = start_gateway(workdir, db=db, key="dashboard-bench-key-0123456789")
+    results: dict[str, list[float]] = {
+        "table_first_page": [],
+        "rollout_tokens_cold": [],
+        "rollout_messages_cold": [],
+        "rollout_tokens_warm": [],
+        "rollout_messages_warm": [],
+    }
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=args.chromium, headless=True, args=CHROMIUM_ARGS
+            )
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            login = context.new_page()
+            login.goto(f"{gateway.base_url}/ui/login")
+            login.fill("#key", gateway.key)
+            login.click("button[type=submit]")
+            login.wait_for_selector("#rollouts-table tbody tr", timeout=120_000)
+            login.close()
+            for round_ in range(args.rounds):
+                (table,) = timed_load(
+                    context, f"{gateway.base_url}/ui#/rollouts", ["#rollouts-table tbody tr"]
+                )
+                results["table_first_page"].append(table)
+                time.sleep(VIEW_TTL_S + 1)  # the built view expires: a cold load
+                cold = timed_load(
+                    context, f"{gateway.base_url}/ui#/rollout/big", ["#call-0 .tok", "#messages-0 .msg"]
+                )
+                warm = timed_load(
+                    context, f"{gateway.base_url}/ui#/rollout/big", ["#call-0 .tok", "#messages-0 .msg"]
+                )
+                results["rollout_tokens_cold"].append(cold[0])
+                results["rollout_messages_cold"].append(cold[1])
+                results["rollout_tokens_warm"].append(warm[0])
+                results["rollout_messages_warm"].append(warm[1])
+                print(
+                    f"round {round_ + 1}: table {table:.0f} ms, rollout cold {cold[0]:.0f}/{cold[1]:.0f} ms, warm {warm[0]:.0f}/{warm[1]:.0f} ms"
+                )
+            browser.close()
+    finally:
+        gateway.stop()
+    report = {
+        "rollouts": args.rollouts,
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "ms": {name: summary(values) for name, values in results.items()},
+    }
+    print(json.dumps(report, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
