@@ -1,8 +1,9 @@
 """The `Trainer` protocol: everything the training loop needs from a backend, and nothing more.
 
 A backend owns the policy being trained *and* the serving side that samples from it (the torch
-backend: a `TorchTrainer` and the in-process `ModelServer`; verl: its actor and its inference
-servers; an external engine: vLLM or `keraunos serve` replicas). The loop only ever calls these
+backend: a `TorchTrainer` and the in-process `ModelServer`; an external engine: vLLM or `keraunos
+serve` replicas). verl is not one: its own trainer drives the loop and calls keraunos's agent loop
+(`keraunos.training.backends.verl`). The loop only ever calls these
 members, in this order each step:
 
     rows -> update(rows, advantages) -> publish() -> (gateway re-registers endpoints at version)

@@ -106,6 +106,7 @@ def main() -> None:
         row_loss, _ = policy_loss(*args, per_row, mask[picked], **clips)
         return {"verl": float(verl_loss), "keraunos": float(keraunos_loss), "row_mean": float(row_loss)}
 
+    ratio = (new - old).exp()
     counts = torch.bincount(index, minlength=len(rollouts))
     single = counts[index] == 1
     loss = {"all_rows": losses(torch.ones(len(rows), dtype=torch.bool)), "one_row_rollouts": losses(single)}
@@ -128,7 +129,7 @@ def main() -> None:
         "verl_row_advantages": [float(theirs[i][mask[i]][0]) for i in range(len(rows))],
         "rows_per_rollout": np.bincount(rows.rollout_index, minlength=len(rollouts)).tolist(),
         "loss": loss,
-        "clipped_tokens": int(((new - old).exp().sub(1).abs() > 0.2)[mask].sum()),
+        "clipped_tokens": int(((ratio < 1 - spec["clip_low"]) | (ratio > 1 + spec["clip_high"]))[mask].sum()),
     }
     json.dump(out, sys.stdout)
 

@@ -2,7 +2,7 @@
 
 verl calls an agent loop's `run(sampling_params, **sample)` once per session (`rollout.n` per
 dataset sample). This one does not talk to verl's servers itself: it creates the keraunos rollout
-`{run_id}.{uid}.{session_id}` (group `{run_id}.{uid}`, input the sample's `input_fields`) on the
+`{run_id}.{uid}.{session_id}` (group `{run_id}.{uid}`, input from the sample: `rollout_input`) on the
 gateway, lets keraunos's controller run the real agent against the gateway (whose model endpoints
 are verl's inference servers, `trainer.py`), waits until the rollout is terminal, reads its calls
 (the compact triplet view), builds its rows with keraunos's exact-prefix merge, and returns one
@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
-import numpy as np
 import structlog
 from verl.experimental.agent_loop.agent_loop import (  # pyright: ignore[reportMissingImports]
     AgentLoopBase,
@@ -47,11 +46,6 @@ def rollout_ids(config: KeraunosVerlConfig, uid: str, session_id: int) -> tuple[
     return group_id, f"{group_id}.{session_id}"
 
 
-def rollout_input(config: KeraunosVerlConfig, sample: Mapping[str, Any]) -> dict[str, Any]:
-    """The rollout's `input`: the sample's `input_fields` that it has, as JSON values."""
-    return {name: _jsonable(sample[name]) for name in config.input_fields if name in sample}
-
-
 async def run_rollout(
     api: httpx.AsyncClient,
     config: KeraunosVerlConfig,
@@ -63,9 +57,9 @@ async def run_rollout(
     nothing to train on (failed, timed out, no successful call), as the collector decides."""
     item = {
         "rollout_id": rollout_id,
-        "input": rollout_input(config, sample),
+        "input": config.rollout_input(sample),
         "is_train": config.is_train,
-        "metadata": {"data_id": group_id, "batch_idx": _jsonable(sample.get("global_steps"))},
+        "metadata": {"data_id": group_id},
     }
     created = await api.post("/api/rollouts", json=[item])
     if created.status_code != 201:
@@ -155,17 +149,4 @@ def _plain(value: Any) -> Any:
         from omegaconf import OmegaConf  # pyright: ignore[reportMissingImports]
 
         return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
-def _jsonable(value: Any) -> Any:
-    """NumPy values and arrays (verl's non-tensor batch) as JSON values."""
-    if isinstance(value, np.ndarray):
-        return [_jsonable(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
     return value

@@ -26,8 +26,10 @@ keraunos's update (docs/trainer.md "The loss"), in verl's terms:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 #: The agent loop's name in verl's registry (`actor_rollout_ref.rollout.agent.default_agent_loop`).
@@ -52,9 +54,19 @@ class KeraunosVerlConfig(BaseModel):
     served_model: str = Field(
         default="", description="The model name verl's servers are registered under (weight syncs)."
     )
+    served_as: str = Field(
+        default="",
+        description="The model name verl's servers answer to, when not `served_model` (vLLM's default: "
+        "the model path); the gateway sends it upstream as each call's model.",
+    )
     input_fields: tuple[str, ...] = Field(
         default=("raw_prompt", "extra_info", "reward_model", "data_source"),
         description="The dataset sample's fields that make the rollout's `input` (what the agent gets).",
+    )
+    input_field: str = Field(
+        default="",
+        description="Take the rollout's input whole from this sample field (e.g. `extra_info` holding a "
+        "keraunos dataset row); empty: a mapping of the `input_fields` the sample has.",
     )
     is_train: bool = Field(default=True, description="Copied to each created rollout.")
     poll_interval_s: float = Field(default=1.0, gt=0, description="How often a rollout's state is polled.")
@@ -66,6 +78,25 @@ class KeraunosVerlConfig(BaseModel):
     drain_timeout_s: float = Field(
         default=600.0, gt=0, description="Longest wait for the calls in flight before a weight sync."
     )
+
+    def rollout_input(self, sample: Mapping[str, Any]) -> Any:
+        """The `input` of the rollout made for a verl sample (its dataset row's fields), as JSON."""
+        if self.input_field:
+            return _jsonable(sample[self.input_field])
+        return {name: _jsonable(sample[name]) for name in self.input_fields if name in sample}
+
+
+def _jsonable(value: Any) -> Any:
+    """NumPy values and arrays (verl's non-tensor batch) as JSON values."""
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def verl_actor_settings(*, clip_low: float = 0.2, clip_high: float = 0.2) -> dict[str, Any]:

@@ -66,7 +66,7 @@ class GatewayCoupling:
     async def _publish(self, endpoints: list[str], version: int) -> None:
         registry = EndpointRegistry(self.config.server_url, self.config.key, self.config.served_model)
         try:
-            await registry.register(endpoints, version)
+            await registry.register(endpoints, version, served_as=self.config.served_as or None)
         finally:
             await registry.close()
         await self._with_collector(lambda c: c.resume())
