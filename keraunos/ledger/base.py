@@ -451,6 +451,12 @@ class Ledger(abc.ABC):
         only the events whose `data.agent_id` is that string (docs/multi-agent.md#agent-ids)."""
 
     @abc.abstractmethod
+    async def list_events_with_arrays(self, rollout_id: str, attempt_id: str) -> list[EventDict]:
+        """`list_events`, with every token-id list of a `model_request` as a numpy array: for a
+        reader that shows calls (the dashboard), to whom a long rollout's ids as Python lists
+        would cost more than the rest of its read."""
+
+    @abc.abstractmethod
     async def list_triplet_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:

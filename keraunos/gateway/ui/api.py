@@ -32,7 +32,7 @@ from keraunos.gateway.ui.views import (
 from keraunos.ledger._rollout_query import SORTS, RolloutQuery, RolloutSort
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import RolloutNotFound
-from keraunos.protocol import MODEL_REQUEST, RolloutState
+from keraunos.protocol import RolloutState
 from keraunos.training._read import read_events_json
 from keraunos.training.trajectories import Tokenizer
 
@@ -76,7 +76,7 @@ class ViewCache:
         """The attempt's model calls' messages and replies (`views.call_messages`)."""
 
         async def build() -> list[dict[str, Any]]:
-            events = await ledger.list_events(rollout_id, attempt_id, MODEL_REQUEST)
+            events = await ledger.list_events_with_arrays(rollout_id, attempt_id)
             return await asyncio.to_thread(call_messages, events)
 
         return await self._get(("messages", rollout_id, attempt_id), build)
@@ -166,10 +166,11 @@ async def rollout(
     }
     if attempt_id is not None:
         cache: ViewCache = request.app.state.ui_views
-        # The messages cost the most to read: their build starts now, while the page draws the tokens.
+        view = await cache.view(ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer)
+        # The messages cost the most to read: their build starts now, while the page draws the
+        # tokens (not before the view: both builds are Python and would share one interpreter lock).
         prefetch = asyncio.ensure_future(cache.messages(ledger, rollout_id, attempt_id))
         prefetch.add_done_callback(_quiet)
-        view = await cache.view(ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer)
         log = await ledger.get_attempt_log(rollout_id, attempt_id)
         body.update(
             calls=len(view.calls),

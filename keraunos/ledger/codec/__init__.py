@@ -8,7 +8,11 @@ decoded by `_event_rows`. `_triplet` trims decoded calls to the triplet view and
 sends its prompts as deltas (`delta=1`). Pure: no I/O.
 """
 
-from keraunos.ledger.codec._decode import decode_model_request, decode_model_request_triplet
+from keraunos.ledger.codec._decode import (
+    decode_model_request,
+    decode_model_request_arrays,
+    decode_model_request_triplet,
+)
 from keraunos.ledger.codec._model_request import CallContext, encode_model_request
 from keraunos.ledger.codec._plain import CodecError, decode_json, encode_json
 
@@ -17,6 +21,7 @@ __all__ = [
     "CodecError",
     "decode_json",
     "decode_model_request",
+    "decode_model_request_arrays",
     "decode_model_request_triplet",
     "encode_json",
     "encode_model_request",

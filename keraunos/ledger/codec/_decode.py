@@ -56,6 +56,21 @@ def decode_model_request(blob: bytes, prev: CallContext | None) -> tuple[dict[st
         raise CodecError(f"corrupt model_request blob: {exc!r}") from exc
 
 
+def decode_model_request_arrays(blob: bytes, prev: CallContext | None) -> tuple[dict[str, Any], CallContext]:
+    """`decode_model_request`, but every token-id list comes back as a numpy array (int32/int64).
+
+    For readers that show a call rather than copy it (the dashboard): turning a long rollout's
+    prompt ids into Python lists costs more than everything else of its decode. Raises `CodecError`
+    like `decode_model_request`.
+    """
+    try:
+        return _Decoder(blob, prev).full(id_lists=False)
+    except CodecError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError, struct.error, zlib.error) as exc:
+        raise CodecError(f"corrupt model_request blob: {exc!r}") from exc
+
+
 def decode_model_request_triplet(blob: bytes, prev: CallContext | None) -> tuple[dict[str, Any], CallContext]:
     """`trim_model_request(decode_model_request(blob, prev)[0])`, fast, and the same context.
 
@@ -109,13 +124,14 @@ class _Decoder:
         self.messages: tuple[bytes, ...] | None = None
         self.message_values: list[Any] | None = None
 
-    def full(self) -> tuple[dict[str, Any], CallContext]:
+    def full(self, *, id_lists: bool = True) -> tuple[dict[str, Any], CallContext]:
         data = self._data()
         if (_Kind.REQUEST, 0) in self.sections:
             _put(data, "request", _loads(self._payload(_Kind.REQUEST, 0)))
         for position, (kind, index) in enumerate(self.order):
             if kind in _ID_KINDS:
-                _place(data, kind, index, self._ids(position, kind, index).tolist())
+                ids = self._ids(position, kind, index)
+                _place(data, kind, index, ids.tolist() if id_lists else ids)
             elif kind is _Kind.CONTENT_VALUES:
                 if (_Kind.CONTENT_TOKENS, index) not in self.sections:
                     raise CodecError("model_request blob has log prob values without their tokens")

@@ -20,6 +20,7 @@ from keraunos.ledger.codec import (
     CallContext,
     decode_json,
     decode_model_request,
+    decode_model_request_arrays,
     decode_model_request_triplet,
 )
 from keraunos.ledger.codec._triplet import dedupe_model_requests, trim_model_request, trim_reward
@@ -44,6 +45,13 @@ def decode_events(
 ) -> list[EventDict]:
     """One attempt's events exactly as they were written (only `agent_id`'s, if given)."""
     return _decode(rollout_id, attempt_id, rows, _decode_call, _as_is, agent_id)
+
+
+def decode_events_with_arrays(
+    rollout_id: str, attempt_id: str, rows: Iterable[EventRow], agent_id: str | None = None
+) -> list[EventDict]:
+    """`decode_events`, with every token-id list of a `model_request` as a numpy array."""
+    return _decode(rollout_id, attempt_id, rows, _decode_call_arrays, _as_is, agent_id)
 
 
 def decode_triplet_events(
@@ -95,6 +103,12 @@ def _decode_call(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], 
     if is_wire(blob):
         return decode_wire(blob), None
     return decode_model_request(blob, ctx)
+
+
+def _decode_call_arrays(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:
+    if is_wire(blob):
+        return decode_wire(blob), None
+    return decode_model_request_arrays(blob, ctx)
 
 
 def _decode_call_triplet(blob: bytes, ctx: CallContext | None) -> tuple[dict[str, Any], CallContext | None]:

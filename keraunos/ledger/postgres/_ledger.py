@@ -62,7 +62,13 @@ from keraunos.ledger.base import (
     StepRecord,
 )
 from keraunos.ledger.codec import encode_json
-from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
+from keraunos.ledger.codec._event_rows import (
+    EventRow,
+    agent_of,
+    decode_events,
+    decode_events_with_arrays,
+    decode_triplet_events,
+)
 from keraunos.ledger.errors import (
     AttemptConflict,
     InvalidTransition,
@@ -446,6 +452,9 @@ class PostgresLedger(Ledger):
         self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:
         return await self._decoded(decode_events, rollout_id, attempt_id, event_type, agent_id)
+
+    async def list_events_with_arrays(self, rollout_id: str, attempt_id: str) -> list[EventDict]:
+        return await self._decoded(decode_events_with_arrays, rollout_id, attempt_id, None, None)
 
     async def list_triplet_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None

@@ -66,7 +66,13 @@ from keraunos.ledger.base import (
     StepRecord,
 )
 from keraunos.ledger.codec import encode_json, encode_model_request
-from keraunos.ledger.codec._event_rows import EventRow, agent_of, decode_events, decode_triplet_events
+from keraunos.ledger.codec._event_rows import (
+    EventRow,
+    agent_of,
+    decode_events,
+    decode_events_with_arrays,
+    decode_triplet_events,
+)
 from keraunos.ledger.codec._wire import WireCall, encode_wire
 from keraunos.ledger.errors import (
     AttemptConflict,
@@ -623,6 +629,13 @@ class SqliteLedger(Ledger):
         def op(conn: sqlite3.Connection) -> list[EventDict]:
             rows = _event_rows(conn, rollout_id, attempt_id, event_type, agent_id)
             return decode_events(rollout_id, attempt_id, rows, agent_id)
+
+        return await self._read_sized(op, rollout_id, attempt_id)
+
+    async def list_events_with_arrays(self, rollout_id: str, attempt_id: str) -> list[EventDict]:
+        def op(conn: sqlite3.Connection) -> list[EventDict]:
+            rows = _event_rows(conn, rollout_id, attempt_id, None, None)
+            return decode_events_with_arrays(rollout_id, attempt_id, rows)
 
         return await self._read_sized(op, rollout_id, attempt_id)
 
