@@ -211,6 +211,12 @@ class GatewayConfig(LayeredSettings):
         description="--redaction-policy with 'tokens: placeholder': the served model's Hugging Face "
         "tokenizer directory (its tokenizer.json), loaded once, to find the ids covering a secret.",
     )
+    ui_tokenizer: Path | None = Field(
+        default=None,
+        description="The served model's Hugging Face tokenizer directory (its tokenizer.json): the "
+        "dashboard at /ui shows each token's text and decodes merge breaks; without it, token ids. "
+        "docs/dashboard.md",
+    )
     attempt_log_max_bytes: int = Field(
         default=10 * 1024 * 1024,
         ge=1,

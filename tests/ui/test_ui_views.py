@@ -1,15 +1,18 @@
 """What the dashboard shows of a rollout (pure, `keraunos.gateway.ui.views`): the tokens of each
 call as training merges them (observation ids between calls, trained response ids with their log
-probabilities), a merge break with both sides, messages found beside their calls, and a group's
-advantages."""
+probabilities), a merge break with both sides, token texts with a tokenizer, messages found beside
+their calls, and a group's advantages."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from keraunos._settings import ConfigError
+from keraunos.gateway.ui._tokenizer import UiTokenizer
 from keraunos.gateway.ui.views import attempt_view, call_messages, group_view, match_calls
 from keraunos.ledger._rollout_query import RolloutRow
 from keraunos.protocol import RolloutState
@@ -87,3 +90,22 @@ def test_a_group_gets_grpo_advantages_over_the_siblings_with_a_reward() -> None:
     shown = group_view([row("a"), row("b"), row("c")], [1.0, 0.0, None])
     assert shown[0]["advantage"] == pytest.approx(-shown[1]["advantage"]) and shown[0]["advantage"] > 0
     assert shown[2]["advantage"] is None
+
+
+def test_with_a_tokenizer_tokens_and_breaks_carry_their_text(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {"<unk>": 0, "one": 1, "two": 2, "three": 3, "four": 4, "seven": 7, "nine": 9, "five": 5}
+    Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
+    tokenizer = UiTokenizer(tmp_path)
+    view = attempt_view("r", [triplet([1, 2], [3, 4]), triplet([1, 2, 7, 4, 9], [5])], tokenizer)
+    assert view.calls[0]["response"]["text"] == ["three", "four"]
+    merge_break = view.calls[1]["break"]
+    assert merge_break["expected_text"] is not None and "seven" in merge_break["actual_text"]
+
+
+def test_a_tokenizer_that_cannot_be_read_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="dashboard's tokenizer"):
+        UiTokenizer(tmp_path)
