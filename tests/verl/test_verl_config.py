@@ -18,7 +18,7 @@ def test_the_overrides_in_the_docs_are_the_ones_verl_overrides_gives() -> None:
     section = doc[doc.index("### The verl settings that make its update keraunos's") :]
     block = re.search(r"```\n(.*?)```", section, re.S)
     assert block is not None
-    assert block.group(1).split() == verl_overrides(group_size=8)
+    assert block.group(1).split() == verl_overrides(group_size=8, batch_size=32)
 
 
 def test_a_samples_fields_become_the_rollouts_input_as_json() -> None:

@@ -45,7 +45,7 @@ def main() -> None:
     if not (model / "config.json").exists():
         build_tiny_model(model)
     overrides = [
-        *verl_overrides(group_size=spec["n"]),
+        *verl_overrides(group_size=spec["n"], batch_size=len(spec["uids"])),
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.prompt_length=256",

@@ -110,15 +110,22 @@ def verl_actor_settings(*, clip_low: float = 0.2, clip_high: float = 0.2) -> dic
 
 
 def verl_overrides(
-    *, group_size: int, clip_low: float = 0.2, clip_high: float = 0.2, normalize_std: bool = True
+    *,
+    group_size: int,
+    batch_size: int,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    normalize_std: bool = True,
 ) -> list[str]:
-    """Hydra overrides for verl's `main_ppo` that train like keraunos (add the run's model, data,
-    resources and the `+keraunos.*` section)."""
+    """Hydra overrides for verl's `main_ppo` that train like keraunos: `batch_size` groups of
+    `group_size` rollouts per step, one update per step (one mini-batch, one epoch). Add the run's
+    model, data, resources and the `+keraunos.*` section."""
     actor = "actor_rollout_ref.actor"
     settings = verl_actor_settings(clip_low=clip_low, clip_high=clip_high)
     return [
         "trainer.use_v1=true",
         f"trainer.v1.trainer_mode={TRAINER_MODE}",
+        f"data.train_batch_size={batch_size}",
         f"actor_rollout_ref.rollout.n={group_size}",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}",
@@ -127,6 +134,8 @@ def verl_overrides(
         "algorithm.rollout_correction.bypass_mode=true",
         f"{actor}.policy_loss.loss_mode=vanilla",
         *(f"{actor}.{name}={value}" for name, value in settings.items()),
+        f"{actor}.ppo_mini_batch_size={batch_size}",
+        f"{actor}.ppo_epochs=1",
         f"{actor}.use_kl_loss=false",
         # verl looks the trainer mode up in its task runner's Ray worker: register it there.
         f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}",
