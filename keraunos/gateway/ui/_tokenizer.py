@@ -1,5 +1,6 @@
-"""The tokenizer the dashboard decodes token ids with (`--ui-tokenizer`): a Hugging Face
-`tokenizer.json`, read with `tokenizers` (fast; no `transformers` import in the gateway)."""
+"""The tokenizer the dashboard decodes token ids with (`--ui-tokenizer`): a `tokenizer.json`.
+
+Read with `tokenizers` (fast; no `transformers` import in the gateway)."""
 
 from __future__ import annotations
 
