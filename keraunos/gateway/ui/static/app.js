@@ -6,7 +6,7 @@
 
 const API = "/ui/api";
 const PAGE = 50;
-const CALLS_PAGE = 20;
+const CALLS_PAGE = 10;
 
 // -- small helpers ---------------------------------------------------------------------------
 
@@ -442,11 +442,11 @@ async function route() {
   return rolloutsView(params);
 }
 
-document.addEventListener("DOMContentLoaded", async () => {
+document.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("hashchange", route);
-  try {
-    const who = await getJson("/session");
-    document.getElementById("who").textContent = who.auth ? `${who.actor} (${who.role})` : "auth disabled";
-  } catch (error) { return; }
+  // Who is logged in and the view's data are asked for together (a 401 on either goes to the login).
+  getJson("/session")
+    .then((who) => { document.getElementById("who").textContent = who.auth ? `${who.actor} (${who.role})` : "auth disabled"; })
+    .catch(() => {});
   route();
 });
