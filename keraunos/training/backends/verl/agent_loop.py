@@ -99,7 +99,7 @@ async def run_rollout(
 
 
 def session_outputs(
-    rollout: CompletedRollout | None, config: TrajectoryConfig, tokenizer: Tokenizer
+    rollout: CompletedRollout | None, config: TrajectoryConfig, tokenizer: Tokenizer | None
 ) -> list[Any]:
     """The rows of one rollout as verl `AgentLoopOutput`s, in order (empty: nothing to train)."""
     if rollout is None:
@@ -109,7 +109,18 @@ def session_outputs(
         log.info(
             "merge breaks", rollout_id=rollout.rollout_id, rows=len(built.rows), breaks=len(built.breaks)
         )
-    return agent_loop_outputs(built.rows, [rollout])
+    outputs = agent_loop_outputs(built.rows, [rollout])
+    # verl's ratio (bypass mode) needs the sampler's log probs on every row of a batch; a row whose
+    # calls did not all record them cannot train there, and one without them breaks the batch.
+    kept = [output for output in outputs if output.response_logprobs is not None]
+    if len(kept) < len(outputs):
+        log.warning(
+            "rows without recorded log probs left out",
+            rollout_id=rollout.rollout_id,
+            rows=len(outputs),
+            left_out=len(outputs) - len(kept),
+        )
+    return kept
 
 
 @register(AGENT_LOOP_NAME)
