@@ -35,6 +35,7 @@ from keraunos.training._read import TripletReadError, read_events_json
 from keraunos.training.backends.verl.batch import agent_loop_outputs
 from keraunos.training.backends.verl.config import AGENT_LOOP_NAME, KeraunosVerlConfig
 from keraunos.training.collect import TERMINAL
+from keraunos.training.errors import TrainError
 from keraunos.training.trajectories import Tokenizer, TrajectoryConfig, build_rows
 
 log = structlog.get_logger("keraunos.training.backends.verl")
@@ -61,11 +62,7 @@ async def run_rollout(
         "is_train": config.is_train,
         "metadata": {"data_id": group_id},
     }
-    created = await api.post("/api/rollouts", json=[item])
-    if created.status_code != 201:
-        raise RuntimeError(
-            f"POST /api/rollouts {rollout_id}: HTTP {created.status_code}: {created.text[:300]}"
-        )
+    created = await _request(api, "POST", "/api/rollouts", ok=201, json=[item])
     deadline = time.monotonic() + config.rollout_timeout_s
     state = created.json()[0].get("status", {}).get("state")
     while state not in TERMINAL:
@@ -73,11 +70,10 @@ async def run_rollout(
             log.warning("rollout timed out: no rows", rollout_id=rollout_id, state=state)
             return None
         await asyncio.sleep(config.poll_interval_s)
-        response = await api.get(f"/api/rollouts/{rollout_id}")
-        response.raise_for_status()
+        response = await _request(api, "GET", f"/api/rollouts/{rollout_id}")
         state = response.json()["rollout"]["status"]["state"]
-    events = await api.get(f"/api/rollouts/{rollout_id}/events", params={"format": "triplet", "delta": "1"})
-    events.raise_for_status()
+    params = {"format": "triplet", "delta": "1"}
+    events = await _request(api, "GET", f"/api/rollouts/{rollout_id}/events", params=params)
     try:
         read = read_events_json(events.content)
     except TripletReadError as exc:
@@ -96,6 +92,28 @@ async def run_rollout(
         log.info("rollout yields no rows", rollout_id=rollout_id, state=state, **counts)
         return None
     return kept[0]
+
+
+async def _request(
+    api: httpx.AsyncClient, method: str, url: str, *, ok: int = 200, retries: int = 5, **kwargs: Any
+) -> httpx.Response:
+    """One request, retried with doubling backoff on transport errors, 429 and 5xx: every request
+    here is idempotent (the rollout id is fixed, so a repeated creation finds the rollout)."""
+    delay = 0.5
+    for attempt in range(retries + 1):
+        try:
+            response = await api.request(method, url, **kwargs)
+        except httpx.TransportError as exc:
+            if attempt == retries:
+                raise TrainError(f"{method} {url}: {exc!r} after {attempt + 1} tries") from exc
+        else:
+            if response.status_code == ok:
+                return response
+            if (response.status_code != 429 and response.status_code < 500) or attempt == retries:
+                raise TrainError(f"{method} {url}: HTTP {response.status_code}: {response.text[:300]}")
+        await asyncio.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")
 
 
 def session_outputs(
