@@ -9,7 +9,11 @@ data on screen:
 
 - table: the first row of the rollouts table drawn (`#rollouts-table tbody tr`);
 - rollout: the first call's tokens drawn (`#call-0 .tok`), then, separately, its messages
-  (`#messages-0 .msg`; they come from the full records, read apart).
+  (`#messages-0 .msg`; they come from the full records, read apart);
+- blank: the login page (static HTML, no data): the floor of a page load in a fresh tab.
+
+The server's part of each is timed alone too, over HTTP (`server_*`: the table's first page, a
+cold rollout, a page of its calls, a cold page of its messages).
 
 The gateway keeps a built rollout view for 15 s (`keraunos.gateway.ui.api.VIEW_TTL_S`): a cold
 load waits that out first, a warm one does not. min / median / max of each, in milliseconds. A
@@ -29,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from keraunos.ledger import SqliteLedger
 from keraunos.protocol import AttemptOutcome, RolloutCreate, RolloutMetadata
@@ -117,12 +123,26 @@ def main() -> None:
     )
     gateway = start_gateway(workdir, db=db, key="dashboard-bench-key-0123456789")
     results: dict[str, list[float]] = {
+        "blank_page": [],
         "table_first_page": [],
         "rollout_tokens_cold": [],
         "rollout_messages_cold": [],
         "rollout_tokens_warm": [],
         "rollout_messages_warm": [],
+        "server_table_first_page": [],
+        "server_rollout_cold": [],
+        "server_calls_page": [],
+        "server_messages_page_cold": [],
     }
+    api = httpx.Client(base_url=gateway.base_url, timeout=120.0)
+    api.post("/ui/login", data={"key": gateway.key})
+
+    def server_ms(path: str) -> float:
+        started = time.perf_counter()
+        response = api.get(path)
+        response.raise_for_status()
+        return (time.perf_counter() - started) * 1000
+
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(
@@ -136,6 +156,8 @@ def main() -> None:
             login.wait_for_selector("#rollouts-table tbody tr", timeout=120_000)
             login.close()
             for round_ in range(args.rounds):
+                (blank,) = timed_load(context, f"{gateway.base_url}/ui/login", ["#key"])
+                results["blank_page"].append(blank)
                 (table,) = timed_load(
                     context, f"{gateway.base_url}/ui#/rollouts", ["#rollouts-table tbody tr"]
                 )
@@ -151,11 +173,22 @@ def main() -> None:
                 results["rollout_messages_cold"].append(cold[1])
                 results["rollout_tokens_warm"].append(warm[0])
                 results["rollout_messages_warm"].append(warm[1])
+                # The server's part alone, over HTTP (cold: the built view expired).
+                results["server_table_first_page"].append(server_ms("/ui/api/rollouts?limit=50"))
+                time.sleep(VIEW_TTL_S + 1)
+                results["server_rollout_cold"].append(server_ms("/ui/api/rollouts/big"))
+                results["server_calls_page"].append(
+                    server_ms("/ui/api/rollouts/big/attempts/1/calls?limit=10")
+                )
+                results["server_messages_page_cold"].append(
+                    server_ms("/ui/api/rollouts/big/attempts/1/messages?limit=10")
+                )
                 print(
-                    f"round {round_ + 1}: table {table:.0f} ms, rollout cold {cold[0]:.0f}/{cold[1]:.0f} ms, warm {warm[0]:.0f}/{warm[1]:.0f} ms"
+                    f"round {round_ + 1}: blank {blank:.0f} ms, table {table:.0f} ms, rollout cold {cold[0]:.0f}/{cold[1]:.0f} ms, warm {warm[0]:.0f}/{warm[1]:.0f} ms"
                 )
             browser.close()
     finally:
+        api.close()
         gateway.stop()
     report = {
         "rollouts": args.rollouts,
