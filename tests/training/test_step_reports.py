@@ -36,8 +36,8 @@ async def test_each_step_is_stored_with_non_finite_values_as_null(
             )
     finally:
         await reporter.close()
-    with gateway.client() as api:
-        records = api.get("/api/runs/run-1/steps").json()
+    async with httpx.AsyncClient(base_url=gateway.base_url, headers=gateway.headers) as api:
+        records = (await api.get("/api/runs/run-1/steps")).json()
     assert [(r["step"], r["record"]["reward_mean"], r["record"]["train/approx_kl"]) for r in records] == [
         (0, 0.0, None),
         (1, 0.5, None),
@@ -56,4 +56,5 @@ async def test_a_refused_or_unreachable_report_does_not_raise(
             assert await reporter.report({"step": 0.0, "reward_mean": 1.0}) is False
         finally:
             await reporter.close()
-    assert httpx.get(f"{gateway.base_url}/api/runs/run-2/steps", headers=gateway.headers).json() == []
+    async with httpx.AsyncClient(base_url=gateway.base_url, headers=gateway.headers) as api:
+        assert (await api.get("/api/runs/run-2/steps")).json() == []
