@@ -146,6 +146,10 @@ def test_train_raises_a_learnable_reward_and_every_call_carries_the_version_it_w
                 step = rollout["metadata"]["batch_idx"]
                 assert {e["data"]["server"]["version"] for e in events} == {step}
                 assert {e["data"]["model_version"] for e in events} == {step}
+            # Every step's record reached the gateway too, for the dashboard's curves (docs/dashboard.md).
+            reported = api.get("/api/runs/e2e/steps").json()
+            assert [r["step"] for r in reported] == list(range(STEPS))
+            assert [r["record"]["reward_mean"] for r in reported] == pytest.approx(rewards)
     finally:
         gateway.stop()
 
