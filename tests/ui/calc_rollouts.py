@@ -82,6 +82,7 @@ def post_rollout(
     is_train: bool = True,
     outcome: str = "succeeded",
     extra_events: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    resources: dict[str, int | str] | None = None,
 ) -> str:
     """Create, claim, record and finish one rollout; its attempt id."""
     item = {
@@ -90,6 +91,8 @@ def post_rollout(
         "is_train": is_train,
         "metadata": {"data_id": group},
     }
+    if resources:
+        item["resources"] = resources
     assert api.post("/api/rollouts", json=[item]).status_code in (200, 201)
     claimed = api.post("/api/rollouts/claim", json={"controller_id": "ui-test", "count": 1}).json()
     (claim,) = [c for c in claimed if c["rollout"]["rollout_id"] == rollout_id]

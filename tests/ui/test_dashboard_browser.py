@@ -155,10 +155,13 @@ def test_resources_and_releases_view(page: Any, ui_gateway: Gateway, tmp_path: P
     with ui_gateway.client() as api:
         body = {"kind": "prompt", "content": {"template": "Solve: {question}"}, "message": "first prompt"}
         assert api.post("/api/resources/calc-prompt", json=body).status_code in (200, 201)
+        calls = calc_calls("What is 6 * 7 ?", "6 * 7", "42", "42")
+        post_rollout(api, "calc-prompted", calls, 1.0, group="calc.s1.i0", resources={"calc-prompt": 1})
     log_in(page, ui_gateway)
     page.goto(f"{ui_gateway.base_url}/ui#/resources")
     page.wait_for_selector("section.resource")
     assert "calc-prompt" in page.text_content("section.resource h3")
+    assert page.text_content("table.versions td.reward").startswith("1.000 [")  # its version's reward
     assert "resource.push" in page.text_content("table.audit")
     shoot(page, "resources", tmp_path)
 

@@ -19,6 +19,7 @@ import orjson
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from keraunos.gateway.api._common import AttemptIdPath, RolloutIdPath, ledger_of
+from keraunos.gateway.api.resources import STATS_PAGE
 from keraunos.gateway.ui._guard import PREFIX, require_session
 from keraunos.gateway.ui._session import Session
 from keraunos.gateway.ui.views import (
@@ -33,6 +34,7 @@ from keraunos.ledger._rollout_query import SORTS, RolloutQuery, RolloutSort
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import RolloutNotFound
 from keraunos.protocol import RolloutState
+from keraunos.release.version_stats import ResourceStats, VersionTally, shaped
 from keraunos.training._read import read_events_json
 from keraunos.training.trajectories import Tokenizer
 
@@ -280,9 +282,11 @@ async def resources(request: Request) -> Response:
     for summary in await ledger.list_resources():
         history = await ledger.resource_history(summary.name)
         labels = await ledger.list_labels(summary.name)
+        stats = await _version_stats(ledger, summary.name)
         out.append(
             {
                 **summary.model_dump(mode="json"),
+                "stats": {str(v.version): v.model_dump(mode="json") for v in stats.versions},
                 "versions": [
                     {k: v for k, v in version.model_dump(mode="json").items() if k != "content"}
                     for version in history[-50:]
@@ -312,6 +316,19 @@ async def audit(
     entries = await ledger.list_audit(start, end - 1 - start) if end - 1 > start else []
     items = [entry.model_dump(mode="json") for entry in reversed(entries)]
     return _json({"items": items, "count": head.count})
+
+
+async def _version_stats(ledger: Ledger, name: str) -> ResourceStats:
+    """Every version's statistics over all time, read as `GET /api/resources/{name}/stats` reads
+    them (page by page, nothing kept of a page once counted)."""
+    tally = VersionTally()
+    after = 0
+    while True:
+        page = await ledger.version_outcomes(name, None, None, after, STATS_PAGE)
+        tally.add(page)
+        if len(page) < STATS_PAGE:
+            return shaped(name, tally, since=None, until=None)
+        after = page[-1].key
 
 
 def _quiet(task: asyncio.Future[Any]) -> None:

@@ -405,11 +405,16 @@ async function resourcesView() {
   const resourceBlocks = resources.items.map((r) => el("section", { class: "resource" },
     el("h3", {}, r.name, el("span", { class: "meta" }, ` · ${r.kind} · latest ${r.latest}`)),
     el("p", {}, "labels: ", Object.entries(r.labels).map(([label, v]) => el("span", { class: "badge" }, `${label} → ${v}`))),
-    el("table", {}, el("thead", {}, el("tr", {}, ["version", "hash", "message", "by", "created", "rollouts"].map((h) => el("th", {}, h)))),
-      el("tbody", {}, r.versions.slice().reverse().map((v) => el("tr", {},
-        el("td", {}, String(v.version)), el("td", {}, el("code", {}, v.hash.slice(0, 12))), el("td", { class: "clip" }, v.message),
-        el("td", {}, v.created_by), el("td", {}, when(v.created_at)),
-        el("td", {}, link(`#/rollouts?resource=${enc(r.name)}&version=${v.version}`, "rollouts"))))))));
+    el("table", { class: "versions" }, el("thead", {}, el("tr", {}, ["version", "hash", "message", "by", "created", "rollouts", "finished", "error rate", "reward (mean, interval)"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, r.versions.slice().reverse().map((v) => {
+        const s = (r.stats || {})[v.version] || {};
+        return el("tr", {},
+          el("td", {}, String(v.version)), el("td", {}, el("code", {}, v.hash.slice(0, 12))), el("td", { class: "clip" }, v.message),
+          el("td", {}, v.created_by), el("td", {}, when(v.created_at)),
+          el("td", {}, link(`#/rollouts?resource=${enc(r.name)}&version=${v.version}`, String(s.rollouts ?? 0))),
+          el("td", {}, String(s.finished ?? 0)), el("td", {}, num(s.error_rate, 2)),
+          el("td", { class: "reward" }, s.reward_mean === null || s.reward_mean === undefined ? "–" : `${num(s.reward_mean)} [${num(s.reward_lower, 2)}, ${num(s.reward_upper, 2)}]`));
+      })))));
   const releaseTable = el("table", { class: "releases" },
     el("thead", {}, el("tr", {}, ["release", "resource", "label", "baseline → candidate", "state", "stage", "share", "waiting for", "reason", "updated"].map((h) => el("th", {}, h)))),
     el("tbody", {}, releases.items.map((x) => el("tr", {},
