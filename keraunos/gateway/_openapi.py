@@ -15,6 +15,7 @@ from pydantic.json_schema import models_json_schema
 from keraunos.gateway.api.audit import AuditAppend
 from keraunos.gateway.api.releases import DecisionPost, ReleaseClaim, ReleaseCommandBody, ReleaseStart
 from keraunos.gateway.api.retention import ConsumedPost, PurgeRequest
+from keraunos.gateway.api.runs import StepReport
 from keraunos.protocol import (
     ClaimRequest,
     EventCreate,
@@ -44,6 +45,7 @@ REQUEST_MODELS = (
     AuditAppend,
     ConsumedPost,
     PurgeRequest,
+    StepReport,
 )
 
 _ERROR_SCHEMA = {

@@ -126,6 +126,7 @@ def test_openapi_documents_every_route_with_its_body(gateway) -> None:
         "/api/rollouts/consumed": {"post"},
         "/api/rollouts/{rollout_id}/pin": {"put", "delete"},
         "/api/retention/purge": {"post"},
+        "/api/runs/{run_id}/steps": {"get", "post"},
     }
     assert {path: set(ops) for path, ops in paths.items()} == expected
     schemas = doc["components"]["schemas"]
