@@ -61,9 +61,12 @@ def ui_gateway(
     return gateway
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, driven by Playwright (never a downloaded browser)."""
+    """Debian's Chromium, headless, driven by Playwright (never a downloaded browser).
+
+    One per module, not per session: Playwright's sync API keeps an event loop running while it is
+    open, and the async tests of other modules could not start theirs."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
