@@ -81,6 +81,7 @@ def test_a_reader_key_logs_in_and_filters_rollouts_on_the_server(ui_gateway: Gat
             "/ui/api/rollouts", params={"group": "calc.s0.i0", "sort": "rollout_id", "order": "asc"}
         ).json()
         assert [row["rollout_id"] for row in page["items"]] == ["calc-1", "calc-2", "calc-3"]
+        assert [row["reward"] for row in page["items"]] == [1.0, 0.0, 1.0]
         failed = client.get("/ui/api/rollouts", params={"state": "failed"}).json()
         assert [row["rollout_id"] for row in failed["items"]] == ["calc-2"]
         validation = client.get("/ui/api/rollouts", params={"mode": "val"}).json()

@@ -30,12 +30,12 @@ from keraunos.gateway.ui.views import (
     match_calls,
     table_row,
 )
-from keraunos.ledger._rollout_query import SORTS, RolloutQuery, RolloutSort
+from keraunos.ledger._rollout_query import SORTS, RolloutQuery, RolloutRow, RolloutSort
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import RolloutNotFound
 from keraunos.protocol import RolloutState
 from keraunos.release.version_stats import ResourceStats, VersionTally, shaped
-from keraunos.training._read import read_events_json
+from keraunos.training._read import REWARD, read_events, read_events_json
 from keraunos.training.trajectories import Tokenizer
 
 router = APIRouter(
@@ -138,8 +138,10 @@ async def rollouts(
         offset=offset,
         limit=limit,
     )
-    page = await ledger_of(request).page_rollouts(query)
-    return _json({"items": [table_row(row) for row in page.items], "total": page.total, "offset": offset})
+    ledger = ledger_of(request)
+    page = await ledger.page_rollouts(query)
+    items = [{**table_row(row), "reward": await _last_reward(ledger, row)} for row in page.items]
+    return _json({"items": items, "total": page.total, "offset": offset})
 
 
 @router.get("/rollouts/{rollout_id}", summary="A rollout: its attempts, resources, reward and events")
@@ -316,6 +318,15 @@ async def audit(
     entries = await ledger.list_audit(start, end - 1 - start) if end - 1 > start else []
     items = [entry.model_dump(mode="json") for entry in reversed(entries)]
     return _json({"items": items, "count": head.count})
+
+
+async def _last_reward(ledger: Ledger, row: RolloutRow) -> float | None:
+    """The reward training reads for the row's last attempt (its last finite `reward` event), from
+    its reward events alone: no model call is decoded."""
+    if row.last_attempt_id is None:
+        return None
+    events = await ledger.list_events(row.rollout_id, row.last_attempt_id, REWARD)
+    return read_events(events).reward
 
 
 async def _version_stats(ledger: Ledger, name: str) -> ResourceStats:
