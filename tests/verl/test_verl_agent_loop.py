@@ -36,7 +36,7 @@ N = 3
 def plan(rollout_id: str) -> dict[str, Any]:
     k = int(rollout_id.rsplit(".", 1)[1])
     return {
-        "turns": 3,
+        "turns": 2 if k == 2 else 3,  # fewer tokens than its siblings
         "reward": [0.0, 1.0, 0.5][k] + (0.25 if "sample-b" in rollout_id else 0.0),
         "rewrite": k == 1,
     }
@@ -137,16 +137,41 @@ def test_verl_stores_each_rollouts_rows_in_order_with_keraunos_ids_masks_log_pro
         assert out["tags"][j] == {"min_global_steps": 3, "max_global_steps": 3}
 
 
-def test_verls_advantage_step_gives_each_rollouts_rows_keraunos_advantage(run: dict[str, Any]) -> None:
+def test_the_trainers_advantage_step_gives_each_rollouts_rows_keraunos_advantage_scaled_to_its_tokens(
+    run: dict[str, Any],
+) -> None:
+    """verl's GRPO gives each rollout keraunos's advantage; the keraunos trainer then scales a
+    rollout's by N / (R * T_r), so that verl's token-mean loss is keraunos's per-rollout mean."""
     out, rollouts = run["out"], run["rollouts"]
     adv = rollout_advantages([r.reward for r in rollouts], [r.group_id for r in rollouts], AdvantageConfig())
     by_rollout = {r.rollout_id: float(a) for r, a in zip(rollouts, adv.advantages, strict=True)}
+    masks = [np.asarray(m, dtype=bool) for m in out["response_mask"]]
+    tokens: Counter[str] = Counter()
+    for rid, mask in zip(out["rollout_ids"], masks, strict=True):
+        tokens[rid] += int(mask.sum())
+    n, r = sum(tokens.values()), len(tokens)
+    assert len(set(tokens.values())) > 1  # the rollout split by a merge break has more tokens
     for j, rid in enumerate(out["rollout_ids"]):
-        mask = np.asarray(out["response_mask"][j], dtype=bool)
         advantages = np.asarray(out["advantages"][j])
-        np.testing.assert_allclose(advantages[mask], by_rollout[rid], atol=1e-5)
-        assert (advantages[~mask] == 0).all()
+        np.testing.assert_allclose(
+            advantages[masks[j]], by_rollout[rid] * n / (r * tokens[rid]), rtol=1e-5, atol=1e-6
+        )
+        assert (advantages[~masks[j]] == 0).all()
     assert len({round(a, 4) for a in by_rollout.values()}) > 2
+
+
+def test_the_trainer_has_verls_actor_train_a_step_longer_than_a_mini_batch_as_one(
+    run: dict[str, Any],
+) -> None:
+    """Merge breaks make a step longer than `ppo_mini_batch_size x n` rows; verl would cut it in
+    several mini-batches (several optimizer steps, each its own N). The configured size is restored."""
+    [asked] = run["out"]["update_actor"]
+    assert asked == {
+        "rows": 2 * 2 * N,
+        "mini_batch_size": 2 * 2 * N,
+        "epochs": 1,
+        "ppo_mini_batch_size_after": 2,
+    }
 
 
 def test_the_keraunos_trainer_mode_is_registered_in_rays_workers_by_the_setup_hook(

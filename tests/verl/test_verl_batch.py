@@ -30,9 +30,14 @@ REWARDS = (0.0, 1.0, 0.25)
 
 
 def plan(rollout_id: str) -> dict[str, Any]:
-    """Sibling k gets reward REWARDS[k]; sibling 1 rewrites its history (two rows)."""
+    """Sibling k gets reward REWARDS[k]; sibling 1 rewrites its history (two rows), sibling 2 makes
+    two calls, not three (fewer tokens)."""
     k = int(rollout_id.rsplit(".", 1)[1])
-    return {"turns": 3, "reward": REWARDS[k] + (0.5 if ".i1." in rollout_id else 0.0), "rewrite": k == 1}
+    return {
+        "turns": 2 if k == 2 else 3,
+        "reward": REWARDS[k] + (0.5 if ".i1." in rollout_id else 0.0),
+        "rewrite": k == 1,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +144,15 @@ def test_verls_policy_loss_is_the_torch_backends_loss_when_every_rollout_is_one_
     assert abs(one_row["verl"] - one_row["keraunos"]) < 1e-5
 
 
-def test_with_merge_breaks_verl_weighs_each_row_as_a_sequence(verl_side: dict[str, Any]) -> None:
-    """verl's `seq-mean-token-mean` counts a rollout split in two rows twice: its loss is the
-    per-row mean, not keraunos's per-rollout mean (docs/trainer.md "verl")."""
+def test_with_merge_breaks_verls_token_mean_on_scaled_advantages_is_the_torch_backends_loss(
+    verl_side: dict[str, Any],
+) -> None:
+    """Rollouts split in two rows and rollouts of different lengths: verl's `token-mean` on
+    advantages scaled by N / (R * T_r) weighs each rollout once, as keraunos does, whole, summed over
+    micro-batches (any grouping of rows, a rollout's rows apart) and over data-parallel ranks
+    (docs/trainer.md "verl"). Unscaled, it is a plain token mean: longer rollouts weigh more."""
     every = verl_side["loss"]["all_rows"]
-    assert abs(every["verl"] - every["row_mean"]) < 1e-5
-    assert abs(every["verl"] - every["keraunos"]) > 1e-4
+    assert len(set(verl_side["tokens_per_rollout"])) > 1
+    for split in ("verl", "verl_micro_batches", "verl_shuffled_micro_batches", "verl_two_ranks"):
+        assert abs(every[split] - every["keraunos"]) < 1e-5, split
+    assert abs(every["verl_unscaled"] - every["keraunos"]) > 1e-4

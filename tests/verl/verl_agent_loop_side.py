@@ -1,8 +1,10 @@
 """The verl side of test_verl_agent_loop.py: run by `.venv-verl`'s python, it runs verl 0.9's own V1
 agent-loop worker (`AgentLoopWorkerTQ`, a Ray actor) with TransferQueue on a local Ray cluster, hands
 it a batch of samples as the V1 trainer does, lets it run `KeraunosAgentLoop` for each session
-against the gateway, then runs the trainer's own advantage step (`PPOTrainer._compute_advantage`)
-on what the worker stored, and prints what TransferQueue holds as one JSON object.
+against the gateway, then runs the keraunos trainer's advantage step (`KeraunosSyncTrainer`'s
+`_compute_advantage`: verl's own, then the per-rollout scaling) on what the worker stored, and its
+`_update_actor` (verl's own) with a stand-in actor worker group that records what the actor would
+be asked, and prints what TransferQueue holds as one JSON object.
 
 Input (stdin, JSON): `server_url`, `key`, `run_id`, `model_dir`, `n`, `prompts` (one message list
 per sample), `uids`, `global_steps`.
@@ -22,11 +24,12 @@ import ray
 import transfer_queue as tq
 from hydra import compose, initialize_config_module
 from transfer_queue.metadata import KVBatchMeta
-from verl.trainer.ppo.v1 import AgentLoopWorkerTQ, PPOTrainer
+from verl.trainer.ppo.v1 import AgentLoopWorkerTQ
 from verl.utils import tensordict_utils as tu
 
 from keraunos.serving.tiny import build_tiny_model
 from keraunos.training.backends.verl.config import SETUP_HOOK, TRAINER_MODE, verl_overrides
+from keraunos.training.backends.verl.trainer import KeraunosSyncTrainer
 
 FIELDS = [
     "prompts",
@@ -99,9 +102,24 @@ def main() -> None:
 
     keys = sorted(k for k, tag in listing.items() if not tag.get("is_prompt"))
     meta = KVBatchMeta(keys=keys, tags=[listing[k] for k in keys], partition_id="train")
-    stub = SimpleNamespace(config=config)  # `_compute_advantage` reads only the config and TransferQueue
+    # A trainer holding only the composed config: `_compute_advantage` reads only it and TransferQueue,
+    # `_update_actor` it and the actor worker group.
+    trainer = KeraunosSyncTrainer.__new__(KeraunosSyncTrainer)
+    trainer.config = config
     metrics: dict[str, Any] = {}
-    PPOTrainer._compute_advantage(stub, meta, metrics)
+    trainer._compute_advantage(meta, metrics)
+    asked: list[dict[str, Any]] = []
+
+    def update_actor(batch: KVBatchMeta) -> dict[str, Any]:
+        asked.append({"rows": len(batch), **{k: batch.extra_info[k] for k in ("mini_batch_size", "epochs")}})
+        return {"metrics": {"mfu": 0.0}}
+
+    trainer.actor_rollout_wg = SimpleNamespace(update_actor=update_actor)
+    # A step verl's batch balancing padded to twice its mini-batch (ppo_mini_batch_size x n rows).
+    padded = 2 * config.actor_rollout_ref.actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n
+    step = KVBatchMeta(keys=[f"row{i}" for i in range(padded)], tags=[{}] * padded, partition_id="train")
+    trainer._update_actor(step, metrics)
+    asked[-1]["ppo_mini_batch_size_after"] = config.actor_rollout_ref.actor.ppo_mini_batch_size
     stored = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=[*FIELDS, "uid", "extra_fields"])
 
     def rows(name: str) -> list[Any]:
@@ -109,6 +127,7 @@ def main() -> None:
 
     out = {
         "trainer_mode": registered,
+        "update_actor": asked,
         "statuses": statuses,
         "keys": keys,
         "tags": [{k: listing[key].get(k) for k in ("min_global_steps", "max_global_steps")} for key in keys],

@@ -32,6 +32,7 @@ from keraunos.training.advantages import (
 from keraunos.training.backends.torch.loss import policy_loss
 from keraunos.training.backends.verl.batch import verl_batch
 from keraunos.training.backends.verl.config import verl_actor_settings
+from keraunos.training.backends.verl.rollout_mean import session_of, token_mean_scales
 from keraunos.training.trajectories import TrajectoryConfig, build_rows
 
 
@@ -83,33 +84,63 @@ def main() -> None:
     new = old + noise
     settings = verl_actor_settings(clip_low=spec["clip_low"], clip_high=spec["clip_high"])
     actor = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1, **settings)
+    policy_loss_fn = get_policy_loss_fn("vanilla")
     index = torch.from_numpy(rows.rollout_index)
     ours_t = torch.from_numpy(ours)
+    sessions = np.array([session_of(key) for key in batch.keys], dtype=object)
+    clips = {"clip_low": spec["clip_low"], "clip_high": spec["clip_high"]}
 
-    def losses(picked: torch.Tensor) -> dict[str, float]:
-        """verl's vanilla policy loss and keraunos's on the rows `picked` (a boolean row mask)."""
-        verl_loss, _ = get_policy_loss_fn("vanilla")(
-            old_log_prob=old[picked],
-            log_prob=new[picked],
-            advantages=theirs[picked],
-            response_mask=mask[picked],
+    def verl_loss(rows_: torch.Tensor, advantages: torch.Tensor, tokens: int, dp_size: int = 1) -> float:
+        """verl's vanilla policy loss on one micro-batch (`rows_`, indices), with the global batch
+        numbers the actor's `ppo_loss` puts in `global_batch_info` (verl/workers/utils/losses.py)."""
+        actor.global_batch_info.update(
+            dp_size=dp_size, batch_num_tokens=tokens, global_batch_size=None, loss_scale_factor=None
+        )
+        loss, _ = policy_loss_fn(
+            old_log_prob=old[rows_],
+            log_prob=new[rows_],
+            advantages=advantages[rows_],
+            response_mask=mask[rows_],
             loss_agg_mode=actor.loss_agg_mode,
             config=actor,
         )
+        return float(loss)
+
+    def losses(picked: torch.Tensor) -> dict[str, Any]:
+        """On the rows `picked` (a boolean row mask) as one mini-batch: keraunos's loss; verl's on
+        advantages scaled by `token_mean_scales`, whole, in micro-batches (contiguous, as verl
+        chunks them, and shuffled), and on two data-parallel ranks; verl's on unscaled ones."""
+        rows_ = torch.nonzero(picked).flatten()
         m = mask[picked].numpy()
-        per_rollout = torch.from_numpy(rollout_loss_weights(m, rows.rollout_index[picked.numpy()]))
-        # The same loss with every row counted as a rollout of its own (verl's sequences).
-        per_row = torch.from_numpy(rollout_loss_weights(m, np.arange(int(picked.sum()))))
-        args = (new[picked], old[picked], ours_t[picked])
-        clips = {"clip_low": spec["clip_low"], "clip_high": spec["clip_high"]}
-        keraunos_loss, _ = policy_loss(*args, per_rollout, mask[picked], **clips)
-        row_loss, _ = policy_loss(*args, per_row, mask[picked], **clips)
-        return {"verl": float(verl_loss), "keraunos": float(keraunos_loss), "row_mean": float(row_loss)}
+        tokens = int(m.sum())
+        scaled = torch.zeros_like(theirs)
+        scaled[picked] = theirs[picked] * torch.from_numpy(
+            token_mean_scales(m, list(sessions[rows_.numpy()]))
+        )
+        weights = torch.from_numpy(rollout_loss_weights(m, rows.rollout_index[rows_.numpy()]))
+        keraunos_loss, _ = policy_loss(
+            new[picked], old[picked], ours_t[picked], weights, mask[picked], **clips
+        )
+        shuffled = rows_[torch.randperm(len(rows_), generator=generator)]
+        # Two data-parallel ranks, each in micro-batches of two rows: each rank's loss is its token
+        # sum / N * 2, and DP averages the ranks' gradients.
+        ranks = [
+            sum(verl_loss(mb, scaled, tokens, dp_size=2) for mb in half.split(2)) for half in rows_.chunk(2)
+        ]
+        return {
+            "keraunos": float(keraunos_loss),
+            "verl": verl_loss(rows_, scaled, tokens),
+            "verl_micro_batches": sum(verl_loss(mb, scaled, tokens) for mb in rows_.split(4)),
+            "verl_shuffled_micro_batches": sum(verl_loss(mb, scaled, tokens) for mb in shuffled.split(3)),
+            "verl_two_ranks": sum(ranks) / 2,
+            "verl_unscaled": verl_loss(rows_, theirs, tokens),
+        }
 
     ratio = (new - old).exp()
     counts = torch.bincount(index, minlength=len(rollouts))
     single = counts[index] == 1
     loss = {"all_rows": losses(torch.ones(len(rows), dtype=torch.bool)), "one_row_rollouts": losses(single)}
+    tokens_per_rollout = np.bincount(rows.rollout_index, weights=rows.response_mask.sum(axis=1))
 
     lengths = data.batch["response_mask"].shape[1]
     out = {
@@ -129,6 +160,7 @@ def main() -> None:
         "verl_row_advantages": [float(theirs[i][mask[i]][0]) for i in range(len(rows))],
         "rows_per_rollout": np.bincount(rows.rollout_index, minlength=len(rollouts)).tolist(),
         "loss": loss,
+        "tokens_per_rollout": tokens_per_rollout.tolist(),
         "clipped_tokens": int(((ratio < 1 - spec["clip_low"]) | (ratio > 1 + spec["clip_high"]))[mask].sum()),
     }
     json.dump(out, sys.stdout)

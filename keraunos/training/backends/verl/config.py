@@ -19,9 +19,11 @@ keraunos's update (docs/trainer.md "The loss"), in verl's terms:
   keraunos has none, so `clip_ratio_c` is set beyond any ratio keraunos allows (its log ratios are
   clamped to 20, as verl's are).
 - **the mean per rollout**: keraunos weighs each rollout equally and each of its trainable tokens
-  equally within it. verl's nearest mode, `seq-mean-token-mean`, does that per *sequence*: equal
-  when every rollout gave one row (one row per rollout is what `--exact-tokens` gives with vLLM),
-  while a rollout split by merge breaks counts once per row in verl.
+  equally within it, however many rows merge breaks split it into. verl has no such mode; with
+  `loss_agg_mode=token-mean` (the masked token-loss sum over the mini-batch's trainable tokens N)
+  and each rollout's advantages scaled by `N / (R * T_r)` (`rollout_mean`, applied by
+  `KeraunosSyncTrainer` after verl's advantage step, with each step trained as one mini-batch),
+  verl's policy loss is keraunos's.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def verl_actor_settings(*, clip_low: float = 0.2, clip_high: float = 0.2) -> dic
         "clip_ratio_low": clip_low,
         "clip_ratio_high": clip_high,
         "clip_ratio_c": NO_DUAL_CLIP,
-        "loss_agg_mode": "seq-mean-token-mean",
+        "loss_agg_mode": "token-mean",
     }
 
 

@@ -9,6 +9,12 @@ version verl calls `global_steps`, recorded on every later call and read back as
 `min_global_steps` / `max_global_steps`), resume. `GatewayCoupling` is that sequence, usable on
 its own; `KeraunosSyncTrainer` calls it.
 
+`KeraunosSyncTrainer` also makes verl's loss keraunos's per-rollout mean (`rollout_mean`): after
+verl's advantage step it scales each rollout's stored advantages by `N / (R * T_r)`, and it trains
+each step as one mini-batch, so that N, the step's trainable tokens, is the N verl's `token-mean`
+divides by (verl cuts a step into mini-batches of `ppo_mini_batch_size x n` rows, and merge breaks
+make a step longer than that).
+
 verl looks trainers up by name in the process that runs its task runner (a Ray actor), so the
 registration must happen there: `register()` is meant for Ray's `worker_process_setup_hook`
 (`config.verl_overrides` sets it).
@@ -17,14 +23,21 @@ registration must happen there: `register()` is meant for Ray's `worker_process_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import structlog
+import torch
+import transfer_queue as tq  # pyright: ignore[reportMissingImports]
+from tensordict import TensorDict  # pyright: ignore[reportMissingImports]
 from verl.trainer.ppo.v1.trainer_base import register_trainer  # pyright: ignore[reportMissingImports]
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # pyright: ignore[reportMissingImports]
+from verl.workers.utils.padding import response_to_nested  # pyright: ignore[reportMissingImports]
 
 from keraunos.training.backends.verl.config import TRAINER_MODE, KeraunosVerlConfig
+from keraunos.training.backends.verl.rollout_mean import session_of, token_mean_scales
 from keraunos.training.collect import CollectorConfig, DrainReport, RolloutCollector
 from keraunos.training.registry import EndpointRegistry
 
@@ -87,10 +100,48 @@ def server_endpoints(trainer: Any) -> list[str]:
     return [f"http://{replica.server_address}/v1" for replica in trainer.llm_server_manager.get_replicas()]
 
 
+def scale_advantages_to_rollout_mean(batch: Any) -> Any:
+    """Scale the advantages TransferQueue holds for `batch` (a `KVBatchMeta`, a step the actor trains
+    as one mini-batch) by `token_mean_scales`: verl's `token-mean` policy loss on them is keraunos's
+    per-rollout mean."""
+    data = tq.kv_batch_get(
+        keys=batch.keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"]
+    )
+    nested_mask = data["response_mask"]
+    padded = data.to_padded_tensor()
+    scales = token_mean_scales(padded["response_mask"].numpy(), [session_of(k) for k in batch.keys])
+    advantages = padded["advantages"] * torch.from_numpy(scales).to(padded["advantages"].dtype)
+    fields = TensorDict({"advantages": response_to_nested(advantages, nested_mask)}, batch_size=len(batch))
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+
+
+@contextlib.contextmanager
+def one_mini_batch(config: Any, rows: int) -> Iterator[None]:
+    """Within the block, the actor's `ppo_mini_batch_size` (in samples: verl multiplies it by
+    `rollout.n`) covers `rows` rows, so the actor trains them as one mini-batch, one optimizer step.
+    verl's batch balancing has padded the step to a multiple of the configured mini-batch's rows
+    and of the data-parallel size, so `rows` is a multiple of `n` and splits evenly over the ranks."""
+    actor = config.actor_rollout_ref.actor
+    configured = actor.ppo_mini_batch_size
+    actor.ppo_mini_batch_size = max(configured, math.ceil(rows / config.actor_rollout_ref.rollout.n))
+    try:
+        yield
+    finally:
+        actor.ppo_mini_batch_size = configured
+
+
 @register_trainer(TRAINER_MODE)
 class KeraunosSyncTrainer(PPOTrainerSync):
     """`PPOTrainerSync` whose weight syncs are wrapped by `GatewayCoupling` (the run's `keraunos:`
-    config section)."""
+    config section), whose advantages are scaled to keraunos's per-rollout loss mean, and whose
+    actor trains each step as one mini-batch (the module docstring says why)."""
+
+    def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        return scale_advantages_to_rollout_mean(super()._compute_advantage(batch, metrics))
+
+    def _update_actor(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        with one_mini_batch(self.config, len(batch)):
+            return super()._update_actor(batch, metrics)
 
     def _coupling(self) -> GatewayCoupling:
         from omegaconf import OmegaConf  # pyright: ignore[reportMissingImports]
