@@ -1,10 +1,11 @@
 """One filtered, sorted page of rollouts as SQL (pure): the WHERE and ORDER BY both backends run.
 
 The dashboard's rollouts table (docs/dashboard.md) asks for rollouts by state, train or
-validation, group, data id, resource version and failed attempts, sorted by a column, one page at
-a time. SQLite and PostgreSQL store rollouts in the same columns, so the statement is built once
-here; the backends differ only in how a parameter is written (`?` or `$n`) and in how the group id
-is read (SQLite's `json_extract` of the metadata, PostgreSQL's `group_id` column).
+validation, group, step, data id, resource version and failed attempts, sorted by a column, one
+page at a time. SQLite and PostgreSQL store rollouts in the same columns, so the statement is built
+once here; the backends differ only in how a parameter is written (`?` or `$n`) and in how the
+group id and the step are read (SQLite's `json_extract` of the metadata, PostgreSQL's `group_id`
+and `batch_idx` columns).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ _ORDER: dict[RolloutSort, str] = {
 class RolloutQuery:
     """Which rollouts, in which order, which page. Every filter left at None (or empty) is off.
 
-    `group_id` is `metadata.data_id` (the trainer's group key), `data_id` the input's
-    (`keraunos.protocol.data_id_of`); `rollout_id_prefix` matches ids that start with it;
+    `group_id` is `metadata.data_id` (the trainer's group key), `step` is `metadata.batch_idx`
+    (`keraunos train` writes its step there), `data_id` the input's (`keraunos.protocol.data_id_of`); `rollout_id_prefix` matches ids that start with it;
     `resource` (with `resource_version`, optional) keeps rollouts assigned that resource (that
     version); `failed_attempt` True keeps rollouts with an attempt that failed, timed out or was
     lost, False those without one.
@@ -49,6 +50,7 @@ class RolloutQuery:
     states: tuple[RolloutState, ...] = ()
     is_train: bool | None = None
     group_id: str | None = None
+    step: int | None = None
     data_id: str | None = None
     rollout_id_prefix: str | None = None
     resource: str | None = None
@@ -94,9 +96,9 @@ class PageSql:
     count_args: list[Any]
 
 
-def page_sql(query: RolloutQuery, *, group_id: str, param: Callable[[int], str]) -> PageSql:
-    """The statements of `query` over `rollouts r`; `group_id` is the SQL that reads a row's group
-    id, `param(n)` writes the n-th (1-based) parameter. Selected columns: rollout_id, state,
+def page_sql(query: RolloutQuery, *, group_id: str, step: str, param: Callable[[int], str]) -> PageSql:
+    """The statements of `query` over `rollouts r`; `group_id` and `step` are the SQL that reads a
+    row's group id and step, `param(n)` writes the n-th (1-based) parameter. Selected columns: rollout_id, state,
     is_train, group_id, data_id, created_at, updated_at, attempts, last_attempt_id, error_message."""
     where: list[str] = []
     args: list[Any] = []
@@ -111,6 +113,8 @@ def page_sql(query: RolloutQuery, *, group_id: str, param: Callable[[int], str])
         where.append(f"r.is_train = {bind(query.is_train)}")
     if query.group_id is not None:
         where.append(f"{group_id} = {bind(query.group_id)}")
+    if query.step is not None:
+        where.append(f"{step} = {bind(query.step)}")
     if query.data_id is not None:
         where.append(f"r.data_id = {bind(query.data_id)}")
     if query.rollout_id_prefix:

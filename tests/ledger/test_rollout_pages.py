@@ -1,21 +1,29 @@
 """A filtered, sorted page of rollouts, as every `Ledger` backend serves the dashboard's table
 (`Ledger.page_rollouts`, docs/dashboard.md#rollouts).
 
-Filters combine (state, train or validation, group, data id, id prefix, resource version, failed
+Filters combine (state, train or validation, group, step, data id, id prefix, resource version, failed
 attempt); a page is `limit` rows from `offset` in the chosen order, and `total` counts every match.
 """
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from keraunos.ledger import Ledger
 from keraunos.ledger._rollout_query import RolloutQuery
 from keraunos.ledger.base import NewVersion
+from keraunos.ledger.codec import encode_json
+from keraunos.ledger.postgres import PostgresLedger
+from keraunos.ledger.postgres import _schema as pg_schema
+from keraunos.ledger.postgres._pool import PoolSettings
 from keraunos.protocol import AttemptOutcome, RolloutCreate, RolloutMetadata, RolloutState
 from keraunos.resources import content_hash, normalized_content
 
 pytestmark = pytest.mark.anyio
+
+#: The pool of the migrated PostgreSQL ledger: short limits, so a lost server fails fast.
+PG_POOL = PoolSettings(max_size=2, connect_timeout_s=5.0, acquire_timeout_s=10.0)
 
 
 def item(rid: str, *, group: str, data: str, train: bool = True) -> RolloutCreate:
@@ -105,3 +113,59 @@ async def test_resource_version(ledger: Ledger) -> None:
     assert ids(await ledger.page_rollouts(RolloutQuery(resource="system", descending=False))) == ["v1", "v2"]
     assert ids(await ledger.page_rollouts(RolloutQuery(resource="system", resource_version=2))) == ["v2"]
     assert (await ledger.page_rollouts(RolloutQuery(resource="other"))).total == 0
+
+
+async def test_step_is_metadata_batch_idx(ledger: Ledger) -> None:
+    # As `keraunos train` creates them: `{run}.s{step}.i{row}.{k}`, the step in metadata.batch_idx.
+    def trained(rid: str, step: int, **extra: object) -> RolloutCreate:
+        metadata = {"data_id": rid.rsplit(".", 1)[0], "batch_idx": step, "sample_idx_in_batch": 0, **extra}
+        return RolloutCreate(rollout_id=rid, input={}, metadata=RolloutMetadata.model_validate(metadata))
+
+    await ledger.create_rollouts(
+        [
+            trained("run.s0.i0.0", 0),
+            trained("run.s1.i0.0", 1),
+            trained("run.s1.i0.1", 1),
+            trained("run.s2.i0.0", 2),
+            # Metadata that is not JSON (NaN) has no step on either backend, as it has no group.
+            trained("run.s1.i1.0", 1, score=float("nan")),
+            RolloutCreate(rollout_id="plain", input={}),
+        ],
+        1.0,
+    )
+    page = await ledger.page_rollouts(RolloutQuery(step=1, descending=False))
+    assert (ids(page), page.total) == (["run.s1.i0.0", "run.s1.i0.1"], 2)
+    assert ids(await ledger.page_rollouts(RolloutQuery(step=0))) == ["run.s0.i0.0"]
+    assert ids(await ledger.page_rollouts(RolloutQuery(step=1, group_id="run.s1.i0", limit=1))) == [
+        "run.s1.i0.1"
+    ]
+    assert (await ledger.page_rollouts(RolloutQuery(step=7))).total == 0
+
+
+async def test_a_postgres_database_from_before_the_step_column_finds_its_rollouts_by_step(
+    postgres_dsn: str,
+) -> None:
+    # Rows written at schema step 9 get their step when step 10 adds the column; NaN metadata none.
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute(pg_schema._CREATE_VERSION_TABLE)
+        for script in pg_schema.MIGRATIONS[:9]:
+            await conn.execute(script)
+        await conn.execute("UPDATE keraunos_schema SET version = 9")
+        for rid, metadata in (
+            ("old.s3.i0.0", {"data_id": "old.s3.i0", "batch_idx": 3}),
+            ("old.nan", {"batch_idx": 3, "score": float("nan")}),
+            ("old.none", {}),
+        ):
+            await conn.execute(
+                "INSERT INTO rollouts (rollout_id, state, is_train, input, config, metadata, data_id, "
+                "version, created_at, updated_at) VALUES ($1, 'queuing', true, $2, $2, $3, '', 1, 1, 1)",
+                rid,
+                encode_json({}),
+                encode_json(metadata),
+            )
+    finally:
+        await conn.close()
+    async with PostgresLedger(postgres_dsn, pool=PG_POOL) as ledger:
+        page = await ledger.page_rollouts(RolloutQuery(step=3))
+        assert (ids(page), page.total) == (["old.s3.i0.0"], 1)

@@ -349,6 +349,43 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX step_records_by_time ON step_records (at);
     """,
+    # 10: the training step a rollout was made for, `metadata.batch_idx` (`keraunos train` writes its
+    # step there), for the dashboard's step filter (docs/dashboard.md#rollouts). Read from the stored
+    # metadata as SQLite's `json_extract` reads it there: NULL when the metadata is not JSON (NaN
+    # or an infinity anywhere) or holds no integer `batch_idx` within bigint. A generated column, so
+    # every insert fills it and existing rows are filled here. Only metadata the codec wrote with
+    # the stdlib's encoder (NaN, infinities, huge integers, deep nesting: its text starts with a
+    # space) or with a NUL escape can fail to parse: only those pay for the exception block.
+    r"""
+    CREATE FUNCTION keraunos_batch_idx(metadata bytea) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+    DECLARE
+        raw text := convert_from(metadata, 'UTF8');
+        parsed jsonb;
+        value jsonb;
+    BEGIN
+        IF left(raw, 1) = ' ' OR strpos(raw, '\u0000') > 0 THEN
+            BEGIN
+                parsed := raw::jsonb;
+            EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+                RETURN NULL;
+            END;
+        ELSE
+            parsed := raw::jsonb;
+        END IF;
+        value := parsed -> 'batch_idx';
+        IF value IS NULL OR jsonb_typeof(value) <> 'number' THEN
+            RETURN NULL;
+        END IF;
+        IF value::numeric <> trunc(value::numeric)
+           OR value::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
+            RETURN NULL;
+        END IF;
+        RETURN value::numeric::bigint;
+    END $$;
+    ALTER TABLE rollouts ADD COLUMN batch_idx bigint GENERATED ALWAYS AS (keraunos_batch_idx(metadata)) STORED;
+    CREATE INDEX rollouts_by_batch_idx ON rollouts (batch_idx, id) WHERE batch_idx IS NOT NULL;
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

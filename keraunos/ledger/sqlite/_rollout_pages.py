@@ -12,11 +12,13 @@ from keraunos.ledger._rollout_query import RolloutPage, RolloutQuery, page_sql, 
 
 #: `metadata.data_id`, read as the terminal cursor reads it (metadata with NaN is not JSON: no group).
 GROUP_ID = "CASE WHEN json_valid(CAST(r.metadata AS TEXT)) THEN json_extract(CAST(r.metadata AS TEXT), '$.data_id') END"
+#: `metadata.batch_idx`, the step `keraunos train` made the rollout for, read the same way.
+STEP = "CASE WHEN json_valid(CAST(r.metadata AS TEXT)) THEN json_extract(CAST(r.metadata AS TEXT), '$.batch_idx') END"
 
 
 def page(conn: sqlite3.Connection, query: RolloutQuery) -> RolloutPage:
     """The page `query` asks for, and how many rollouts match it."""
-    sql = page_sql(query, group_id=GROUP_ID, param=lambda _: "?")
+    sql = page_sql(query, group_id=GROUP_ID, step=STEP, param=lambda _: "?")
     conn.execute("BEGIN")
     try:
         rows = conn.execute(sql.select, sql.select_args).fetchall()
