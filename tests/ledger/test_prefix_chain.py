@@ -327,3 +327,28 @@ def test_a_call_that_continues_a_failed_call_is_not_taken_for_a_continuation_of_
         triplets = read_events_json(body).triplets
         assert [t.extends_previous for t in triplets] == [False, False]
         assert_same_rows(rows_of(triplets, config), expected)
+
+
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 50), max_size=8), st.lists(st.integers(0, 50), max_size=4)),
+        max_size=6,
+    )
+)
+def test_delta_form_is_the_same_for_stored_int32_ids_as_for_lists(
+    calls: list[tuple[list[int], list[int]]],
+) -> None:
+    # The ledger decodes a call's ids as int32 arrays; they are compared as they are, not copied.
+    def events(ids: Callable[[list[int]], Any]) -> list[dict[str, Any]]:
+        return [
+            {
+                "event_type": "model_request",
+                "data": {"prompt_token_ids": ids(p), "response_token_ids": ids(r)},
+            }
+            for p, r in calls
+        ]
+
+    as_int32 = delta_encode(events(lambda v: np.array(v, dtype=np.int32)))
+    as_lists = delta_encode(events(list))
+    dump = orjson.OPT_SERIALIZE_NUMPY
+    assert orjson.dumps(as_int32, option=dump) == orjson.dumps(as_lists, option=dump)

@@ -83,13 +83,15 @@ def post_rollout(
     outcome: str = "succeeded",
     extra_events: list[dict[str, Any]] = (),  # type: ignore[assignment]
     resources: dict[str, int | str] | None = None,
+    step: int | None = None,
 ) -> str:
-    """Create, claim, record and finish one rollout; its attempt id."""
+    """Create, claim, record and finish one rollout (made for training step `step`, as
+    `keraunos train` records it in `metadata.batch_idx`); its attempt id."""
     item = {
         "rollout_id": rollout_id,
         "input": {"data_id": group},
         "is_train": is_train,
-        "metadata": {"data_id": group},
+        "metadata": {"data_id": group, "batch_idx": step},
     }
     if resources:
         item["resources"] = resources

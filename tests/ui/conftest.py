@@ -31,7 +31,8 @@ def ui_gateway(
     session_gateway_factory: Callable[..., Gateway], tmp_path_factory: pytest.TempPathFactory
 ) -> Gateway:
     """A gateway with a reader and a trainer key, holding three calc rollouts of one group (rewards
-    1, 0, 1; `calc-2` failed), one with a merge break (`calc-break`) and one validation rollout."""
+    1, 0, 1; `calc-2` failed) made for step 0, one with a merge break (`calc-break`) made for step 1,
+    and one validation rollout."""
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys.write_text(
         "keys:\n"
@@ -40,15 +41,17 @@ def ui_gateway(
     )
     gateway = session_gateway_factory(args=("--keys-file", str(keys)))
     with gateway.client() as api:
-        post_rollout(api, "calc-1", calc_calls("What is 3 * 4 ?", "3 * 4", "12", "12"), 1.0)
-        post_rollout(api, "calc-2", calc_calls("What is 3 * 4 ?", "3 * 4", "12", "13"), 0.0, outcome="failed")
-        post_rollout(api, "calc-3", calc_calls("What is 3 * 4 ?", "3 * 4", "12", "12"), 1.0)
+        question = ("What is 3 * 4 ?", "3 * 4", "12")
+        post_rollout(api, "calc-1", calc_calls(*question, "12"), 1.0, step=0)
+        post_rollout(api, "calc-2", calc_calls(*question, "13"), 0.0, outcome="failed", step=0)
+        post_rollout(api, "calc-3", calc_calls(*question, "12"), 1.0, step=0)
         post_rollout(
             api,
             "calc-break",
             calc_calls("What is 7 + 5 ?", "7 + 5", "12", "12", rewritten=True),
             1.0,
-            group="calc.s0.i1",
+            group="calc.s1.i0",
+            step=1,
         )
         post_rollout(
             api,

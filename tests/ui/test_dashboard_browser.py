@@ -71,13 +71,22 @@ def test_log_in_and_filter_the_rollouts_table(page: Any, ui_gateway: Gateway, tm
     shoot(page, "login", tmp_path)
     page.click("button[type=submit]")
     page.wait_for_selector("#rollouts-table tbody tr")
-    assert page.text_content("#who") == "key:reader-1 (reader)"
+    expect(page.locator("#who")).to_have_text("key:reader-1 (reader)")
     shoot(page, "rollouts", tmp_path)
     page.select_option("#filter-state", "failed")
     page.click("#filters button[type=submit]")
     expect(page.locator("#rollouts-summary")).to_have_text(re.compile(r"^1 rollouts"))
     rows = page.locator("#rollouts-table tbody tr")
     assert rows.count() == 1 and "calc-2" in rows.first.text_content()
+
+
+def test_filter_the_rollouts_table_by_step(page: Any, ui_gateway: Gateway) -> None:
+    log_in(page, ui_gateway)
+    page.fill("#filter-step", "1")
+    page.click("#filters button[type=submit]")
+    expect(page.locator("#rollouts-summary")).to_have_text(re.compile(r"^1 rollouts"))
+    assert "step=1" in page.url
+    assert "calc-break" in page.locator("#rollouts-table tbody tr").first.text_content()
 
 
 def test_a_calc_rollout_shows_masked_tokens_and_its_reward(
@@ -156,7 +165,7 @@ def test_resources_and_releases_view(page: Any, ui_gateway: Gateway, tmp_path: P
         body = {"kind": "prompt", "content": {"template": "Solve: {question}"}, "message": "first prompt"}
         assert api.post("/api/resources/calc-prompt", json=body).status_code in (200, 201)
         calls = calc_calls("What is 6 * 7 ?", "6 * 7", "42", "42")
-        post_rollout(api, "calc-prompted", calls, 1.0, group="calc.s1.i0", resources={"calc-prompt": 1})
+        post_rollout(api, "calc-prompted", calls, 1.0, group="calc.s2.i0", resources={"calc-prompt": 1})
     log_in(page, ui_gateway)
     page.goto(f"{ui_gateway.base_url}/ui#/resources")
     page.wait_for_selector("section.resource")

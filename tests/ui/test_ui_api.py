@@ -6,6 +6,8 @@ refused; every /ui answer carries a strict Content-Security-Policy; the cookie o
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from calc_rollouts import TOKENIZER
@@ -64,6 +66,18 @@ def test_every_ui_answer_carries_the_content_security_policy(ui_gateway: Gateway
     assert "script-src 'self';" in CONTENT_SECURITY_POLICY and "unsafe" not in CONTENT_SECURITY_POLICY
 
 
+def test_static_files_named_with_their_hash_are_cached_for_good_and_data_never(ui_gateway: Gateway) -> None:
+    base = ui_gateway.base_url
+    page = httpx.get(f"{base}/ui/login").text
+    (script,) = re.findall(r'src="(/ui/static/login\.js\?v=[0-9a-f]+)"', page)
+    assert "immutable" in httpx.get(f"{base}{script}").headers["cache-control"]
+    assert httpx.get(f"{base}/ui/static/login.js?v=stale").headers["cache-control"] == "no-cache"
+    assert httpx.get(f"{base}/ui/static/login.js").headers["cache-control"] == "no-cache"
+    with login(ui_gateway, READER_KEY) as client:
+        assert client.get("/ui/api/rollouts").headers["cache-control"] == "no-store"
+        assert client.get("/ui").headers["cache-control"] == "no-store"
+
+
 def test_the_session_cookie_opens_nothing_under_api(ui_gateway: Gateway) -> None:
     with login(ui_gateway, ui_gateway.key) as client:
         assert client.get("/ui/api/session").json()["actor"] == "server-key"
@@ -95,6 +109,15 @@ def test_a_reader_key_logs_in_and_filters_rollouts_on_the_server(ui_gateway: Gat
         )
 
 
+def test_the_step_filter_reads_the_step_keraunos_train_records(ui_gateway: Gateway) -> None:
+    with login(ui_gateway, READER_KEY) as client:
+        step_one = client.get("/ui/api/rollouts", params={"step": 1}).json()
+        assert ([row["rollout_id"] for row in step_one["items"]], step_one["total"]) == (["calc-break"], 1)
+        failed_at_zero = client.get("/ui/api/rollouts", params={"step": 0, "state": "failed"}).json()
+        assert [row["rollout_id"] for row in failed_at_zero["items"]] == ["calc-2"]
+        assert client.get("/ui/api/rollouts", params={"step": "one"}).status_code == 422
+
+
 def test_a_rollouts_calls_show_trained_and_observation_tokens_and_the_reward(ui_gateway: Gateway) -> None:
     with login(ui_gateway, READER_KEY) as client:
         detail = client.get("/ui/api/rollouts/calc-1").json()
@@ -103,6 +126,10 @@ def test_a_rollouts_calls_show_trained_and_observation_tokens_and_the_reward(ui_
             "items"
         ]
         assert set(first["response"]["mask"]) == {1} and first["version"] == 3
+        # The page asks for the first calls along with the rollout: the same calls, no second request.
+        along = client.get("/ui/api/rollouts/calc-1", params={"first_calls": 1}).json()["first_calls"]
+        assert (along["items"], along["total"]) == ([first], 2)
+        assert "first_calls" not in detail
         # The calculator's result turn sits between the two replies: observation, not trained.
         result_turn = [
             TOKENIZER.role_ids["user"],

@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from keraunos._settings import ConfigError
 from keraunos.gateway.ui._tokenizer import UiTokenizer
-from keraunos.gateway.ui.views import attempt_view, call_messages, group_view, match_calls
+from keraunos.gateway.ui.views import _call_runs, attempt_view, call_messages, group_view, match_calls
 from keraunos.ledger._rollout_query import RolloutRow
 from keraunos.protocol import RolloutState
 
@@ -109,3 +111,18 @@ def test_a_tokenizer_that_cannot_be_read_is_a_config_error(tmp_path: Path) -> No
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ConfigError, match="dashboard's tokenizer"):
         UiTokenizer(tmp_path)
+
+
+@given(st.lists(st.integers(-1, 3), max_size=60))
+def test_a_rows_calls_are_its_runs_of_equal_call_indexes(call_index: list[int]) -> None:
+    # What the view shows per call: each maximal run of one call's positions (-1: no call's).
+    runs: list[tuple[int, int]] = []
+    start = 0
+    while start < len(call_index):
+        end = start + 1
+        while end < len(call_index) and call_index[end] == call_index[start]:
+            end += 1
+        if call_index[start] >= 0:
+            runs.append((start, end))
+        start = end
+    assert _call_runs(np.array(call_index, dtype=np.int64)) == runs

@@ -35,8 +35,9 @@ HEADERS: tuple[tuple[bytes, bytes], ...] = (
     (b"referrer-policy", b"no-referrer"),
     (b"cross-origin-opener-policy", b"same-origin"),
     (b"cross-origin-resource-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
 )
+#: What a response is cached as when its route says nothing (every page and data answer).
+NO_STORE = (b"cache-control", b"no-store")
 ANONYMOUS = Session("anonymous", "admin", float("inf"))
 NOT_LOGGED_IN = "Not logged in to the dashboard: POST your key to /ui/login first"
 
@@ -47,7 +48,8 @@ def is_ui_path(path: str) -> bool:
 
 
 class SecurityHeaders:
-    """Add `HEADERS` to every response under `/ui` (pure ASGI, nothing else is touched)."""
+    """Add `HEADERS` to every response under `/ui`, and `NO_STORE` to those whose route set no
+    `cache-control` (only the static files do; pure ASGI, nothing else is touched)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -61,7 +63,8 @@ class SecurityHeaders:
             if message["type"] == "http.response.start":
                 names = {name for name, _ in HEADERS}
                 kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
-                message = {**message, "headers": [*kept, *HEADERS]}
+                cached = any(k.lower() == NO_STORE[0] for k, _ in kept)
+                message = {**message, "headers": [*kept, *HEADERS, *(() if cached else (NO_STORE,))]}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

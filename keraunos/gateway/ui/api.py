@@ -114,6 +114,7 @@ async def rollouts(
     state: Annotated[list[RolloutState] | None, Query(description="Keep these states.")] = None,
     mode: Annotated[Literal["train", "val"] | None, Query(description="train or val only.")] = None,
     group: Annotated[str | None, Query(max_length=512, description="metadata.data_id.")] = None,
+    step: Annotated[int | None, Query(ge=-(2**63), lt=2**63, description="metadata.batch_idx.")] = None,
     data_id: Annotated[str | None, Query(max_length=512, description="The input's data id.")] = None,
     q: Annotated[str | None, Query(max_length=512, description="Rollout ids starting with this.")] = None,
     resource: Annotated[str | None, Query(max_length=512, description="Assigned this resource.")] = None,
@@ -128,6 +129,7 @@ async def rollouts(
         states=tuple(state or ()),
         is_train=None if mode is None else mode == "train",
         group_id=group or None,
+        step=step,
         data_id=data_id,
         rollout_id_prefix=q or None,
         resource=resource or None,
@@ -149,6 +151,7 @@ async def rollout(
     request: Request,
     rollout_id: RolloutIdPath,
     attempt: Annotated[str | None, Query(max_length=128, description="Default: the last attempt.")] = None,
+    first_calls: Annotated[int, Query(ge=0, le=200, description="This many calls come along.")] = 0,
 ) -> Response:
     ledger = ledger_of(request)
     found = await ledger.get_rollout(rollout_id)
@@ -171,10 +174,6 @@ async def rollout(
     if attempt_id is not None:
         cache: ViewCache = request.app.state.ui_views
         view = await cache.view(ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer)
-        # The messages cost the most to read: their build starts now, while the page draws the
-        # tokens (not before the view: both builds are Python and would share one interpreter lock).
-        prefetch = asyncio.ensure_future(cache.messages(ledger, rollout_id, attempt_id))
-        prefetch.add_done_callback(_quiet)
         log = await ledger.get_attempt_log(rollout_id, attempt_id)
         body.update(
             calls=len(view.calls),
@@ -193,6 +192,9 @@ async def rollout(
             ],
             log_tail=None if log is None else log.text[-4096:].decode("utf-8", "replace"),
         )
+        if first_calls:
+            # The first page of calls comes along: the page draws tokens without a second request.
+            body["first_calls"] = {"items": view.calls[:first_calls], "total": len(view.calls), "offset": 0}
     return _json(body)
 
 
@@ -340,12 +342,6 @@ async def _version_stats(ledger: Ledger, name: str) -> ResourceStats:
         if len(page) < STATS_PAGE:
             return shaped(name, tally, since=None, until=None)
         after = page[-1].key
-
-
-def _quiet(task: asyncio.Future[Any]) -> None:
-    """Retrieve a prefetch's outcome (its error is raised again to whoever asks for the messages)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def vars_of(value: Any) -> dict[str, Any]:

@@ -4,11 +4,14 @@
 to `GET /ui/login` without a session. `POST /ui/login` takes a key from the login form, checks it
 as the auth layer would, and answers with the session cookie (`_session`); no key ever travels in
 a URL, and the cookie holds none. The files under `static/` ship in the wheel and are served as
-they are: there is no build step.
+they are: there is no build step. The pages name them with their content's hash (`?v=`), and a
+file asked for with its current hash may be cached for good: a page load then fetches no script
+or style from the gateway, only its data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from functools import cache
@@ -16,7 +19,7 @@ from importlib import resources
 from typing import Annotated
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.exceptions import HTTPException
 
@@ -39,10 +42,31 @@ _MAX_FORM_BYTES = 8192
 CROSS_SITE = "Cross-site request refused: log in from the dashboard's own login page"
 
 
+#: How a static file asked for with its current hash is cached (its URL changes with its content).
+IMMUTABLE = "public, max-age=31536000, immutable"
+
+
 @cache
 def asset(name: str) -> bytes:
     """The bytes of a file of `static/` (read once)."""
     return resources.files("keraunos.gateway.ui").joinpath("static", name).read_bytes()
+
+
+@cache
+def asset_hash(name: str) -> str:
+    """A static file's version: the start of its content's SHA-256."""
+    return hashlib.sha256(asset(name)).hexdigest()[:16]
+
+
+@cache
+def page(name: str) -> bytes:
+    """An HTML page of `static/` with each static file it names pinned to its hash (`?v=`)."""
+    html = asset(name)
+    for static in STATIC:
+        html = html.replace(
+            f'/ui/static/{static}"'.encode(), f'/ui/static/{static}?v={asset_hash(static)}"'.encode()
+        )
+    return html
 
 
 @router.get("")
@@ -50,22 +74,26 @@ async def dashboard(request: Request) -> Response:
     """The dashboard page, or a redirect to the login page without a session."""
     if session_of(request) is None:
         return RedirectResponse(f"{PREFIX}/login", status_code=303)
-    return Response(asset("index.html"), media_type="text/html; charset=utf-8")
+    return Response(page("index.html"), media_type="text/html; charset=utf-8")
 
 
 @router.get("/login")
 async def login_page() -> Response:
     """The login form (it posts the key to `POST /ui/login`)."""
-    return Response(asset("login.html"), media_type="text/html; charset=utf-8")
+    return Response(page("login.html"), media_type="text/html; charset=utf-8")
 
 
 @router.get("/static/{name}")
-async def static_file(name: Annotated[str, Path(max_length=64)]) -> Response:
-    """One of the dashboard's script and style files."""
+async def static_file(
+    name: Annotated[str, Path(max_length=64)], v: Annotated[str | None, Query(max_length=64)] = None
+) -> Response:
+    """One of the dashboard's script and style files; cached for good when asked for with its
+    current hash `v` (the pages' links), revalidated each time otherwise."""
     media_type = STATIC.get(name)
     if media_type is None:
         raise HTTPException(status_code=404, detail=f"No dashboard file {name[:64]!r}")
-    return Response(asset(name), media_type=media_type, headers={"cache-control": "no-cache"})
+    cache_control = IMMUTABLE if v == asset_hash(name) else "no-cache"
+    return Response(asset(name), media_type=media_type, headers={"cache-control": cache_control})
 
 
 @router.post("/login")

@@ -25,7 +25,8 @@ import numpy as np
 from keraunos import prefix
 from keraunos.protocol import MODEL_REQUEST
 
-#: A token-id sequence as this module handles it: an int64 array, or a list for ids beyond 64 bits.
+#: A token-id sequence as this module handles it: an integer array (of any integer dtype: a stored
+#: call decodes to int32, and prefixes compare values, not dtypes), or a list for ids beyond 64 bits.
 _Ids = np.ndarray | list[int]
 
 
@@ -58,10 +59,16 @@ def delta_encode(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def as_ids(value: Any) -> _Ids | None:
-    """`value` as a token-id sequence (int64 array; list when an id needs more than 64 bits), or None."""
+    """`value` as a token-id sequence (an integer array; list when an id needs more than 64 bits), or None.
+
+    An integer array is used as it is: converting a 500-call rollout's int32 prompts to int64 copied
+    every prompt (~20 M ids) to compare them, where only their suffixes are sent.
+    """
     if isinstance(value, np.ndarray):
-        if value.ndim == 1 and (value.dtype.kind in "iu" or value.size == 0):
-            return value.astype(np.int64, copy=False)
+        if value.ndim == 1 and value.dtype.kind in "iu":
+            return value
+        if value.ndim == 1 and value.size == 0:
+            return np.zeros(0, dtype=np.int64)
         return None
     if not isinstance(value, list):
         return None

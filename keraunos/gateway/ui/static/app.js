@@ -75,6 +75,11 @@ function show(...nodes) {
   return view;
 }
 
+/** Run `fn` once the next frame has been painted. */
+function afterPaint(fn) {
+  requestAnimationFrame(() => setTimeout(fn, 0));
+}
+
 function failure(error) {
   return el("p", { class: "error" }, String(error.message || error));
 }
@@ -87,6 +92,7 @@ const FILTERS = [
   ["state", "select", ["", "queuing", "running", "succeeded", "failed"]],
   ["mode", "select", ["", "train", "val"]],
   ["group", "input"],
+  ["step", "input"],
   ["data_id", "input"],
   ["q", "input"],
   ["resource", "input"],
@@ -273,7 +279,8 @@ async function rolloutView(parts, params) {
   const attempt = params.get("attempt");
   let detail;
   try {
-    detail = await getJson(`/rollouts/${enc(id)}` + (attempt ? `?attempt=${enc(attempt)}` : ""));
+    // The first page of calls comes with the rollout: its tokens draw without a second request.
+    detail = await getJson(`/rollouts/${enc(id)}?first_calls=${CALLS_PAGE}` + (attempt ? `&attempt=${enc(attempt)}` : ""));
   } catch (error) {
     show(el("h1", {}, "Rollout ", id), failure(error));
     return;
@@ -313,15 +320,19 @@ async function rolloutView(parts, params) {
     calls, more);
   if (!detail.attempt) { more.remove(); return; }
   let offset = 0;
+  let first = detail.first_calls;
   const load = async () => {
     more.disabled = true;
-    const page = await getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/calls?offset=${offset}&limit=${CALLS_PAGE}`);
+    const page = first || await getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/calls?offset=${offset}&limit=${CALLS_PAGE}`);
+    first = null;
     // Incremental: a page of calls at a time, the next when the reader scrolls near the end.
     calls.append(...page.items.map(callBlock));
     const from = offset;
-    getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/messages?offset=${from}&limit=${CALLS_PAGE}`)
+    // Their messages are asked for once these tokens are painted: building a long rollout's
+    // messages is the gateway's heaviest work, and would share the machine with this paint.
+    afterPaint(() => getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/messages?offset=${from}&limit=${CALLS_PAGE}`)
       .then((messages) => fillMessages(messages.items))
-      .catch((error) => calls.append(failure(error)));
+      .catch((error) => calls.append(failure(error))));
     offset += page.items.length;
     more.disabled = false;
     if (offset >= page.total) { more.remove(); observer.disconnect(); }
@@ -451,9 +462,9 @@ async function route() {
 
 document.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("hashchange", route);
-  // Who is logged in and the view's data are asked for together (a 401 on either goes to the login).
-  getJson("/session")
-    .then((who) => { document.getElementById("who").textContent = who.auth ? `${who.actor} (${who.role})` : "auth disabled"; })
+  // Who is logged in is asked for once the view has its data: the view's request goes first.
+  const who = () => getJson("/session")
+    .then((found) => { document.getElementById("who").textContent = found.auth ? `${found.actor} (${found.role})` : "auth disabled"; })
     .catch(() => {});
-  route();
+  route().then(who, who);
 });
