@@ -129,12 +129,14 @@ async def test_step_is_metadata_batch_idx(ledger: Ledger) -> None:
             trained("run.s2.i0.0", 2),
             # Metadata that is not JSON (NaN) has no step on either backend, as it has no group.
             trained("run.s1.i1.0", 1, score=float("nan")),
+            # A NUL in a string is JSON to SQLite, and PostgreSQL reads the step beside it too.
+            trained("run.s1.i2.0", 1, note="a\x00b"),
             RolloutCreate(rollout_id="plain", input={}),
         ],
         1.0,
     )
     page = await ledger.page_rollouts(RolloutQuery(step=1, descending=False))
-    assert (ids(page), page.total) == (["run.s1.i0.0", "run.s1.i0.1"], 2)
+    assert (ids(page), page.total) == (["run.s1.i0.0", "run.s1.i0.1", "run.s1.i2.0"], 3)
     assert ids(await ledger.page_rollouts(RolloutQuery(step=0))) == ["run.s0.i0.0"]
     assert ids(await ledger.page_rollouts(RolloutQuery(step=1, group_id="run.s1.i0", limit=1))) == [
         "run.s1.i0.1"

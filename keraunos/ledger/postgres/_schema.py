@@ -366,7 +366,8 @@ MIGRATIONS: tuple[str, ...] = (
     BEGIN
         IF left(raw, 1) = ' ' OR strpos(raw, '\u0000') > 0 THEN
             BEGIN
-                parsed := raw::jsonb;
+                -- A NUL escape is JSON but not jsonb; another escape in its place reads the same.
+                parsed := replace(raw, '\u0000', '\u0020')::jsonb;
             EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
                 RETURN NULL;
             END;
