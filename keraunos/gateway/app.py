@@ -22,6 +22,7 @@ from pydantic_core import PydanticSerializationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import keraunos
+from keraunos._tokenizer_file import TokenizerFile
 from keraunos.gateway._auth import ServerKeyAuth
 from keraunos.gateway._errors import error_body, is_proxy_path, proxy_error
 from keraunos.gateway._fastlane import FastLane
@@ -50,7 +51,7 @@ from keraunos.gateway.metrics import GatewayMetrics, metrics_endpoint
 from keraunos.gateway.proxy import CacheEvents, ProxyState, proxy_lifespan
 from keraunos.gateway.proxy import router as proxy_router
 from keraunos.gateway.replicas import Coordination
-from keraunos.gateway.ui import SecurityHeaders, UiTokenizer, ViewCache, session_key
+from keraunos.gateway.ui import SecurityHeaders, ViewCache, session_key
 from keraunos.gateway.ui import api as ui_api
 from keraunos.gateway.ui import pages as ui_pages
 from keraunos.ledger.base import Ledger
@@ -129,7 +130,11 @@ def create_app(
     app.state.ui_session_key = session_key(app.state.token_secret)
     app.state.ui_key_names = frozenset(k.name for k in keys.by_digest.values()) if keys else frozenset()
     app.state.ui_views = ViewCache()
-    app.state.ui_tokenizer = UiTokenizer(config.ui_tokenizer) if config.ui_tokenizer is not None else None
+    app.state.ui_tokenizer = (
+        TokenizerFile(config.ui_tokenizer, purpose="dashboard's tokenizer")
+        if config.ui_tokenizer is not None
+        else None
+    )
 
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["health"], summary="Liveness check")
     # Documented in docs/proxy.md rather than in the OpenAPI schema, like the proxy routes.

@@ -180,9 +180,9 @@ def load_policy(path: Path, tokenizer: Path | None = None) -> CompiledPolicy:
         raise ConfigError(f"redaction policy {path}: {where}: {error['msg']}") from None
     codec = None
     if tokenizer is not None and policy.tokens == "placeholder":
-        from keraunos.redaction._tokens import HfTokenizer
+        from keraunos._tokenizer_file import TokenizerFile
 
-        codec = HfTokenizer(tokenizer)
+        codec = TokenizerFile(tokenizer, purpose="redaction tokenizer")
     elif tokenizer is not None:
         raise ConfigError(
             f"--redaction-tokenizer is only used by a policy with 'tokens: placeholder'; {path} has none"

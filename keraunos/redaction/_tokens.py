@@ -1,5 +1,5 @@
-"""`tokens: placeholder`: a redacted span's token ids replaced by the placeholder's own ids (pure
-but for loading the tokenizer).
+"""`tokens: placeholder`: a redacted span's token ids replaced by the placeholder's own ids (pure;
+the tokenizer is a `keraunos._tokenizer_file.TokenizerFile` or any `TokenCodec`).
 
 A call's ids are decoded to text, the secrets found in the call's fields are looked up in that
 text, and the tokens covering each occurrence (found by the offsets of re-encoding the decoded
@@ -14,10 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
-
-from keraunos._settings import ConfigError
 
 
 class TokenCodec(Protocol):
@@ -30,27 +27,6 @@ class TokenCodec(Protocol):
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """The ids of `text` (no special tokens added) and each id's (start, end) in `text`."""
         ...
-
-
-class HfTokenizer:
-    """A Hugging Face tokenizer directory's `tokenizer.json`, read with `tokenizers` (fast; no
-    `transformers` import in the gateway)."""
-
-    def __init__(self, directory: Path) -> None:
-        from tokenizers import Tokenizer
-
-        path = directory / "tokenizer.json" if directory.is_dir() else directory
-        try:
-            self._tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises its own Exception subclass for any bad file
-            raise ConfigError(f"cannot load the redaction tokenizer {path}: {exc}") from None
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=False)
-
-    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        encoding = self._tokenizer.encode(text, add_special_tokens=False)
-        return list(encoding.ids), [tuple(o) for o in encoding.offsets]  # type: ignore[misc]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,10 @@ from redaction_support import ScriptedModel
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from keraunos._settings import ConfigError
+from keraunos._tokenizer_file import TokenizerFile
 from keraunos.gateway.config import GatewayConfig
 from keraunos.redaction import RedactionPolicy, compile_policy, load_policy, redact_model_request
-from keraunos.redaction._tokens import HfTokenizer, replace_spans
+from keraunos.redaction._tokens import replace_spans
 from keraunos.testing.processes import SERVED_MODEL, Gateway, unique_id
 from keraunos.training._data import CompletedRollout
 from keraunos.training._read import read_events, read_events_json
@@ -71,11 +72,11 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def codec(tokenizer_dir: Path) -> HfTokenizer:
-    return HfTokenizer(tokenizer_dir)
+def codec(tokenizer_dir: Path) -> TokenizerFile:
+    return TokenizerFile(tokenizer_dir, purpose="redaction tokenizer")
 
 
-def _ids(codec: HfTokenizer, text: str) -> list[int]:
+def _ids(codec: TokenizerFile, text: str) -> list[int]:
     return codec.encode(text)[0]
 
 
@@ -83,7 +84,7 @@ def _ids(codec: HfTokenizer, text: str) -> list[int]:
 
 
 def test_the_ids_covering_a_secret_become_the_placeholders_and_only_those_positions_are_listed(
-    codec: HfTokenizer,
+    codec: TokenizerFile,
 ) -> None:
     policy = compile_policy(RedactionPolicy.model_validate({"tokens": "placeholder", "rules": RULES}), codec)
     reply = "ok, mail jane.doe@example.com now"
@@ -109,7 +110,7 @@ def test_the_ids_covering_a_secret_become_the_placeholders_and_only_those_positi
 
 
 def test_ids_the_tokenizer_would_not_make_cannot_be_mapped_and_the_call_becomes_untrainable(
-    codec: HfTokenizer,
+    codec: TokenizerFile,
 ) -> None:
     policy = compile_policy(RedactionPolicy.model_validate({"tokens": "placeholder", "rules": RULES}), codec)
     reply = "mail jane.doe@example.com"
@@ -190,7 +191,7 @@ def test_a_mask_on_a_call_with_other_samples_or_outside_the_response_trains_noth
 
 
 @pytest.fixture(scope="module")
-def scripted(codec: HfTokenizer) -> Iterator[ScriptedModel]:
+def scripted(codec: TokenizerFile) -> Iterator[ScriptedModel]:
     server = ScriptedModel(lambda messages: _ids(codec, render(messages)), lambda text: _ids(codec, text))
     yield server
     server.shutdown()
@@ -235,7 +236,7 @@ def _chat(gateway: Gateway, rollout_id: str, messages: list[dict[str, Any]]) -> 
 @settings(max_examples=6, derandomize=True, deadline=None)
 @given(secret=st.sampled_from(SECRETS), where=st.sampled_from(["reply", "user"]))
 def test_property_with_placeholders_no_stored_ids_decode_to_a_secret_and_no_trained_position_is_a_placeholder(
-    placeholder_gateway: Gateway, scripted: ScriptedModel, codec: HfTokenizer, secret: str, where: str
+    placeholder_gateway: Gateway, scripted: ScriptedModel, codec: TokenizerFile, secret: str, where: str
 ) -> None:
     gateway = placeholder_gateway
     scripted.replies[:] = [

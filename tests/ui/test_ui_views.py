@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keraunos._settings import ConfigError
-from keraunos.gateway.ui._tokenizer import UiTokenizer
+from keraunos._tokenizer_file import TokenizerFile
 from keraunos.gateway.ui.views import _call_runs, attempt_view, call_messages, group_view, match_calls
 from keraunos.ledger._rollout_query import RolloutRow
 from keraunos.protocol import RolloutState
@@ -100,7 +100,7 @@ def test_with_a_tokenizer_tokens_and_breaks_carry_their_text(tmp_path: Path) -> 
 
     vocab = {"<unk>": 0, "one": 1, "two": 2, "three": 3, "four": 4, "seven": 7, "nine": 9, "five": 5}
     Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(tmp_path / "tokenizer.json"))
-    tokenizer = UiTokenizer(tmp_path)
+    tokenizer = TokenizerFile(tmp_path, purpose="dashboard's tokenizer")
     view = attempt_view("r", [triplet([1, 2], [3, 4]), triplet([1, 2, 7, 4, 9], [5])], tokenizer)
     assert view.calls[0]["response"]["text"] == ["three", "four"]
     merge_break = view.calls[1]["break"]
@@ -110,7 +110,7 @@ def test_with_a_tokenizer_tokens_and_breaks_carry_their_text(tmp_path: Path) -> 
 def test_a_tokenizer_that_cannot_be_read_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ConfigError, match="dashboard's tokenizer"):
-        UiTokenizer(tmp_path)
+        TokenizerFile(tmp_path, purpose="dashboard's tokenizer")
 
 
 @given(st.lists(st.integers(-1, 3), max_size=60))

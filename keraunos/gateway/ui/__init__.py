@@ -1,7 +1,7 @@
 """The web dashboard at `/ui` (docs/dashboard.md): pages, data routes and their guard, in the gateway.
 
 `pages` serves the page, its static files, login and logout; `api` the JSON it draws from; `views`
-shapes rollouts for it (pure), decoding ids with `_tokenizer` when one is set; `_session` and
+shapes rollouts for it (pure), decoding ids with a `keraunos._tokenizer_file.TokenizerFile` when one is set; `_session` and
 `_guard` keep it to logged-in readers.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from keraunos.gateway.ui._guard import SecurityHeaders
 from keraunos.gateway.ui._session import session_key
-from keraunos.gateway.ui._tokenizer import UiTokenizer
 from keraunos.gateway.ui.api import ViewCache
 
-__all__ = ["SecurityHeaders", "UiTokenizer", "ViewCache", "session_key"]
+__all__ = ["SecurityHeaders", "ViewCache", "session_key"]

@@ -208,12 +208,7 @@ async def calls(
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
 ) -> Response:
-    ledger = ledger_of(request)
-    if await ledger.get_rollout(rollout_id) is None:
-        raise RolloutNotFound(rollout_id)
-    view = await request.app.state.ui_views.view(
-        ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer
-    )
+    view = await _attempt_view(request, rollout_id, attempt_id)
     return _json({"items": view.calls[offset : offset + limit], "total": len(view.calls), "offset": offset})
 
 
@@ -228,12 +223,8 @@ async def messages(
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
 ) -> Response:
-    ledger = ledger_of(request)
-    if await ledger.get_rollout(rollout_id) is None:
-        raise RolloutNotFound(rollout_id)
-    cache = request.app.state.ui_views
-    view = await cache.view(ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer)
-    shaped = await cache.messages(ledger, rollout_id, attempt_id)
+    view = await _attempt_view(request, rollout_id, attempt_id)
+    shaped = await request.app.state.ui_views.messages(ledger_of(request), rollout_id, attempt_id)
     page = view.calls[offset : offset + limit]
     found = match_calls(view.calls, shaped)[offset : offset + limit]  # scanned from the first call
     items = [
@@ -320,6 +311,16 @@ async def audit(
     entries = await ledger.list_audit(start, end - 1 - start) if end - 1 > start else []
     items = [entry.model_dump(mode="json") for entry in reversed(entries)]
     return _json({"items": items, "count": head.count})
+
+
+async def _attempt_view(request: Request, rollout_id: str, attempt_id: str) -> AttemptView:
+    """The attempt's view from the app's cache; 404 for a rollout that does not exist."""
+    ledger = ledger_of(request)
+    if await ledger.get_rollout(rollout_id) is None:
+        raise RolloutNotFound(rollout_id)
+    return await request.app.state.ui_views.view(
+        ledger, rollout_id, attempt_id, request.app.state.ui_tokenizer
+    )
 
 
 async def _last_reward(ledger: Ledger, row: RolloutRow) -> float | None:
