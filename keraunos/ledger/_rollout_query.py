@@ -1,11 +1,11 @@
 """One filtered, sorted page of rollouts as SQL (pure): the WHERE and ORDER BY both backends run.
 
 The dashboard's rollouts table (docs/dashboard.md) asks for rollouts by state, train or
-validation, group, step, data id, resource version and failed attempts, sorted by a column, one
-page at a time. SQLite and PostgreSQL store rollouts in the same columns, so the statement is built
-once here; the backends differ only in how a parameter is written (`?` or `$n`) and in how the
-group id and the step are read (SQLite's `json_extract` of the metadata, PostgreSQL's `group_id`
-and `batch_idx` columns).
+validation, group, step, data id, resource version, failed attempts and reported merge breaks,
+sorted by a column, one page at a time. SQLite and PostgreSQL store rollouts in the same columns,
+so the statement is built once here; the backends differ only in how a parameter is written (`?`
+or `$n`) and in how the group id and the step are read (SQLite's `json_extract` of the metadata,
+PostgreSQL's `group_id` and `batch_idx` columns).
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ class RolloutQuery:
     (`keraunos train` writes its step there), `data_id` the input's (`keraunos.protocol.data_id_of`); `rollout_id_prefix` matches ids that start with it;
     `resource` (with `resource_version`, optional) keeps rollouts assigned that resource (that
     version); `failed_attempt` True keeps rollouts with an attempt that failed, timed out or was
-    lost, False those without one.
+    lost, False those without one; `merge_break` True keeps rollouts a trainer reported merge
+    breaks for (`Ledger.put_step_record`), False those it reported none for (a rollout no trainer
+    reported on matches neither).
     """
 
     states: tuple[RolloutState, ...] = ()
@@ -56,6 +58,7 @@ class RolloutQuery:
     resource: str | None = None
     resource_version: int | None = None
     failed_attempt: bool | None = None
+    merge_break: bool | None = None
     sort: RolloutSort = "created"
     descending: bool = True
     offset: int = 0
@@ -76,6 +79,7 @@ class RolloutRow:
     attempts: int
     last_attempt_id: str | None
     error_message: str | None
+    merge_breaks: int | None = None  # the trainer's last reported count; None: never reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,8 @@ class PageSql:
 def page_sql(query: RolloutQuery, *, group_id: str, step: str, param: Callable[[int], str]) -> PageSql:
     """The statements of `query` over `rollouts r`; `group_id` and `step` are the SQL that reads a
     row's group id and step, `param(n)` writes the n-th (1-based) parameter. Selected columns: rollout_id, state,
-    is_train, group_id, data_id, created_at, updated_at, attempts, last_attempt_id, error_message."""
+    is_train, group_id, data_id, created_at, updated_at, attempts, last_attempt_id, error_message,
+    merge_breaks."""
     where: list[str] = []
     args: list[Any] = []
 
@@ -134,13 +139,19 @@ def page_sql(query: RolloutQuery, *, group_id: str, step: str, param: Callable[[
         outcomes = ", ".join(bind(outcome) for outcome in FAILED_OUTCOMES)
         exists = f"EXISTS (SELECT 1 FROM attempts a WHERE a.rollout = r.id AND a.outcome IN ({outcomes}))"
         where.append(exists if query.failed_attempt else f"NOT {exists}")
+    if query.merge_break is not None:
+        # Driven from the (merge_breaks, rollout) index: the reported rollouts with (without) a
+        # break, each found by its key, rather than a lookup for every rollout of the table.
+        compare = "> 0" if query.merge_break else "= 0"
+        where.append(f"r.id IN (SELECT b.rollout FROM rollout_merge_breaks b WHERE b.merge_breaks {compare})")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     count_args = list(args)
     direction = " DESC" if query.descending else ""
     order = ", ".join(f"{column}{direction}" for column in _ORDER[query.sort].split(", "))
     select = (
         f"SELECT r.rollout_id, r.state, r.is_train, {group_id}, r.data_id, r.created_at, r.updated_at, "
-        "(SELECT count(*) FROM attempts a WHERE a.rollout = r.id), r.last_attempt_id, r.error_message "
+        "(SELECT count(*) FROM attempts a WHERE a.rollout = r.id), r.last_attempt_id, r.error_message, "
+        "(SELECT b.merge_breaks FROM rollout_merge_breaks b WHERE b.rollout = r.id) "
         f"FROM rollouts r{clause} ORDER BY {order} "
         f"LIMIT {bind(max(0, query.limit))} OFFSET {bind(max(0, query.offset))}"
     )
@@ -148,8 +159,8 @@ def page_sql(query: RolloutQuery, *, group_id: str, step: str, param: Callable[[
 
 
 def row_of(values: Any) -> RolloutRow:
-    """A `RolloutRow` from the ten selected columns of `page_sql`."""
-    rid, state, is_train, group, data_id, created, updated, attempts, last, error = values
+    """A `RolloutRow` from the eleven selected columns of `page_sql`."""
+    rid, state, is_train, group, data_id, created, updated, attempts, last, error, breaks = values
     return RolloutRow(
         rollout_id=rid,
         state=RolloutState(state),
@@ -161,4 +172,5 @@ def row_of(values: Any) -> RolloutRow:
         attempts=int(attempts),
         last_attempt_id=last,
         error_message=error,
+        merge_breaks=None if breaks is None else int(breaks),
     )

@@ -8,7 +8,7 @@ may rely on the data surviving a `kill -9` of the process.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -321,6 +321,14 @@ class Ledger(abc.ABC):
     async def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
         """One page of the rollouts `query` filters, in its order, and how many match in all (read in
         one snapshot); the rows carry no input, config or metadata (`keraunos.ledger._rollout_query`)."""
+
+    @abc.abstractmethod
+    async def events_of_attempts(
+        self, attempts: Sequence[tuple[str, str]], event_type: str
+    ) -> list[list[EventDict]]:
+        """For each (rollout id, attempt id) of `attempts`, in order, what `list_events(rollout_id,
+        attempt_id, event_type)` returns, read in one go: a page of rollouts' rewards (the
+        dashboard's table) costs one read, not one per row."""
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -666,10 +674,18 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     async def put_step_record(
-        self, run_id: str, step: int, record: dict[str, float | None], now: float
+        self,
+        run_id: str,
+        step: int,
+        record: dict[str, float | None],
+        now: float,
+        merge_breaks: Mapping[str, int] | None = None,
     ) -> None:
         """Store one step's metrics of a run; a step reported again replaces its record (a resumed
-        run repeats the steps its checkpoint did not cover)."""
+        run repeats the steps its checkpoint did not cover). `merge_breaks` (rollout id -> how many
+        merge breaks the step's rows of it had) is stored per rollout in the same transaction,
+        replacing what an earlier report said of it (`RolloutQuery.merge_break` filters on it); an
+        id of no rollout (never created, or deleted since) is skipped, not an error."""
 
     @abc.abstractmethod
     async def list_runs(self, limit: int) -> list[RunSummary]:

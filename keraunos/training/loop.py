@@ -57,7 +57,7 @@ from keraunos.training.stack import Child, start_controller, start_gateway
 from keraunos.training.step_reports import StepReporter
 from keraunos.training.train_config import TrainConfig
 from keraunos.training.trainer import RunState, Trainer
-from keraunos.training.trajectories import Rows, TrajectoryConfig, build_rows
+from keraunos.training.trajectories import Rows, TrajectoryConfig, breaks_by_rollout, build_rows
 
 __all__ = ["TrainError", "TrainingLoop", "train"]
 
@@ -92,6 +92,9 @@ class TrainingLoop:
         self.registry = registry
         self.sink = sink
         self.watch = watch
+        #: The last step's merge breaks per rollout it consumed (0 for one without), as the step
+        #: report tells the gateway (`StepReporter.report`).
+        self.merge_breaks: dict[str, int] = {}
         pad = getattr(trainer.tokenizer, "pad_token_id", None)
         self.rows_config = TrajectoryConfig(
             level=config.level,
@@ -131,6 +134,7 @@ class TrainingLoop:
             # The fewest model calls of one rollout (a multi-turn agent's promise, checked per rollout).
             rows_metrics["min_calls_per_rollout"] = float(min(len(r.triplets) for r in rollouts))
         advantages, advantage_metrics = self._advantages(trained, built.rows)
+        self.merge_breaks = breaks_by_rollout([r.rollout_id for r in rollouts], built.breaks)
         timings["rows"] = time.perf_counter() - t0
 
         train: dict[str, float] = {}
@@ -401,7 +405,7 @@ async def _run(config: TrainConfig, run_dir: Path, stack: contextlib.ExitStack) 
                 record = await loop.step(step, source)
                 metrics.observe_step(record)
                 if reporter is not None:
-                    await reporter.report(record)
+                    await reporter.report(record, merge_breaks=loop.merge_breaks)
                 last = step + 1 == config.steps
                 if last or (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0):
                     sink.phase("checkpointing")

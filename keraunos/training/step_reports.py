@@ -1,6 +1,7 @@
 """Each step's metrics record posted to the gateway (docs/protocol.md#training-runs).
 
-The dashboard then draws a run's curves from the ledger, without its run directory.
+The dashboard then draws a run's curves from the ledger, without its run directory, and filters
+rollouts by the merge breaks the step found in each (`rollouts` of the report).
 
 A report that fails (the gateway away, a key without the grant) is logged and dropped: the record
 is in metrics.jsonl either way, and the curves are not worth stopping a run for. A step posted
@@ -10,6 +11,7 @@ twice replaces its record, so a resumed run may post its repeated steps again.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from urllib.parse import quote
 
 import httpx
@@ -17,12 +19,19 @@ import structlog
 
 log = structlog.get_logger("keraunos.training.step_reports")
 
+#: Most rollouts one report speaks of (the gateway's bound); a larger step reports its record alone.
+MAX_ROLLOUTS = 10_000
 
-def report_body(record: dict[str, float]) -> dict[str, object]:
+
+def report_body(record: dict[str, float], merge_breaks: Mapping[str, int] | None = None) -> dict[str, object]:
     """`POST /api/runs/{run_id}/steps`'s body for a step record: its step, and every value, a value
-    that is not finite as null."""
+    that is not finite as null; with `merge_breaks` (rollout id -> the step's merge breaks in it),
+    `rollouts` too, unless there are more than `MAX_ROLLOUTS` of them."""
     values = {key: (value if math.isfinite(value) else None) for key, value in record.items()}
-    return {"step": int(record["step"]), "record": values}
+    body: dict[str, object] = {"step": int(record["step"]), "record": values}
+    if merge_breaks is not None and len(merge_breaks) <= MAX_ROLLOUTS:
+        body["rollouts"] = {rid: {"merge_breaks": count} for rid, count in merge_breaks.items()}
+    return body
 
 
 class StepReporter:
@@ -35,10 +44,11 @@ class StepReporter:
         self._client = httpx.AsyncClient(base_url=gateway, headers=headers, timeout=timeout_s)
         self._warned = False
 
-    async def report(self, record: dict[str, float]) -> bool:
-        """Post one step's record; whether the gateway stored it."""
+    async def report(self, record: dict[str, float], merge_breaks: Mapping[str, int] | None = None) -> bool:
+        """Post one step's record, with each trained rollout's merge breaks when given; whether the
+        gateway stored it."""
         try:
-            response = await self._client.post(self._path, json=report_body(record))
+            response = await self._client.post(self._path, json=report_body(record, merge_breaks))
         except httpx.HTTPError as exc:
             self._warn(f"{type(exc).__name__}: {exc}", record)
             return False

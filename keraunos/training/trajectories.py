@@ -226,6 +226,15 @@ class TrainedCall:
     first_sample: bool = True
 
 
+def breaks_by_rollout(rollout_ids: Sequence[str], breaks: Sequence[MergeBreak]) -> dict[str, int]:
+    """How many of `breaks` fell in each rollout of `rollout_ids` (0 for one without any), in that
+    order; a rollout split into views (one per agent) counts the breaks of all its views."""
+    counts = dict.fromkeys(rollout_ids, 0)
+    for merge_break in breaks:
+        counts[merge_break.rollout_id] = counts.get(merge_break.rollout_id, 0) + 1
+    return counts
+
+
 def trained_calls(
     triplets: Sequence[Triplet], unresolved: UnresolvedSamples, counts: Counter[str]
 ) -> list[TrainedCall]:

@@ -2,7 +2,7 @@
 (`Ledger.page_rollouts`, docs/dashboard.md#rollouts).
 
 Filters combine (state, train or validation, group, step, data id, id prefix, resource version, failed
-attempt); a page is `limit` rows from `offset` in the chosen order, and `total` counts every match.
+attempt, reported merge breaks); a page is `limit` rows from `offset` in the chosen order, and `total` counts every match.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from keraunos.ledger.postgres import _schema as pg_schema
 from keraunos.ledger.postgres._pool import PoolSettings
 from keraunos.protocol import AttemptOutcome, RolloutCreate, RolloutMetadata, RolloutState
 from keraunos.resources import content_hash, normalized_content
+from keraunos.testing.calls import growing_prefix_rollout
+from keraunos.training._read import read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -99,6 +101,42 @@ async def test_sorted_by_a_column(ledger: Ledger) -> None:
     assert ids(page) == ["g1.1", "g1.0", "g2.2"]
     by_state = await ledger.page_rollouts(RolloutQuery(sort="state", descending=False))
     assert [row.state.value for row in by_state.items] == ["failed"] + ["queuing"] * 4 + ["succeeded"]
+
+
+async def test_merge_break_filters_on_the_count_a_trainer_last_reported(ledger: Ledger) -> None:
+    await six_rollouts(ledger)
+    await ledger.put_step_record("run", 0, {}, 20.0, merge_breaks={"g1.0": 2, "g1.1": 0, "g2.0": 1})
+    await ledger.put_step_record("run", 1, {}, 21.0, merge_breaks={"g2.0": 0, "g2.1": 0})
+    broken = await ledger.page_rollouts(RolloutQuery(merge_break=True))
+    assert (ids(broken), [row.merge_breaks for row in broken.items], broken.total) == (["g1.0"], [2], 1)
+    clean = await ledger.page_rollouts(RolloutQuery(merge_break=False, descending=False))
+    assert (ids(clean), clean.total) == (["g1.1", "g2.0", "g2.1"], 3)
+    # Rollouts no report named match neither, and the filter combines with the others.
+    assert (await ledger.page_rollouts(RolloutQuery())).total == 6
+    assert ids(await ledger.page_rollouts(RolloutQuery(merge_break=False, failed_attempt=True))) == ["g1.1"]
+
+
+async def test_the_rewards_of_a_pages_attempts_read_in_one_go_are_what_list_events_reads(
+    ledger: Ledger,
+) -> None:
+    # The dashboard's table reads each row's reward from these; one read stands for one per row.
+    await ledger.create_rollouts([item(rid, group="g", data="d") for rid in ("a", "b", "c")], 1.0)
+    for rid, attempt, kind, data in (
+        ("a", "1", "reward", {"value": 0.5}),
+        ("a", "1", "model_request", growing_prefix_rollout(1)[0]),
+        ("a", "1", "reward", {"value": float("nan")}),  # the last finite one counts
+        ("a", "2", "reward", {"value": 1}),
+        ("b", "1", "reward", {"value": -2.0, "agent_id": "solver"}),
+        ("b", "1", "reward", {"value": 3.0}),
+        ("c", "1", "log", {"text": "no reward"}),
+    ):
+        await ledger.append_event(rid, attempt, kind, data, 2.0)
+    attempts = [("a", "1"), ("b", "1"), ("c", "1"), ("a", "2"), ("gone", "1"), ("a", "9"), ("a", "1")]
+    one_go = await ledger.events_of_attempts(attempts, "reward")
+    per_row = [await ledger.list_events(rid, aid, "reward") for rid, aid in attempts]
+    assert one_go == per_row
+    assert [read_events(events).reward for events in one_go] == [0.5, 3.0, None, 1.0, None, None, 0.5]
+    assert await ledger.events_of_attempts([], "reward") == []
 
 
 async def test_resource_version(ledger: Ledger) -> None:

@@ -1,6 +1,7 @@
 """A training run's step records reach the gateway (docs/protocol.md#training-runs): `keraunos train`
-posts each step's record, a value that is not finite as null; a gateway that refuses a report
-(a key without the grant, a gateway away) costs the run nothing but a logged warning."""
+posts each step's record, a value that is not finite as null, with each trained rollout's merge
+breaks for the dashboard's filter; a gateway that refuses a report (a key without the grant, a
+gateway away) costs the run nothing but a logged warning."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import httpx
 import pytest
 
 from keraunos.testing.processes import Gateway, free_port
-from keraunos.training.step_reports import StepReporter
+from keraunos.training.step_reports import MAX_ROLLOUTS, StepReporter, report_body
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +43,35 @@ async def test_each_step_is_stored_with_non_finite_values_as_null(
         (0, 0.0, None),
         (1, 0.5, None),
     ]
+
+
+async def test_each_trained_rollouts_merge_breaks_reach_the_dashboards_filter(
+    gateway_factory: Callable[..., Gateway],
+) -> None:
+    gateway = gateway_factory()
+    with gateway.client() as api:
+        created = [{"rollout_id": rid, "input": {}} for rid in ("clean", "broken")]
+        assert api.post("/api/rollouts", json=created).status_code in (200, 201)
+    reporter = StepReporter(gateway.base_url, gateway.key, "run-3")
+    try:
+        # "deleted" stands for a rollout retention purged meanwhile: skipped, the rest stored.
+        breaks = {"clean": 0, "broken": 2, "deleted": 1}
+        assert await reporter.report({"step": 0.0, "rows/breaks": 3.0}, merge_breaks=breaks)
+    finally:
+        await reporter.close()
+    async with httpx.AsyncClient(base_url=gateway.base_url) as ui:
+        assert (await ui.post("/ui/login", data={"key": gateway.key})).status_code == 303
+        broken = (await ui.get("/ui/api/rollouts", params={"merge_break": "true"})).json()["items"]
+        clean = (await ui.get("/ui/api/rollouts", params={"merge_break": "false"})).json()["items"]
+    assert [(r["rollout_id"], r["merge_breaks"]) for r in broken] == [("broken", 2)]
+    assert [(r["rollout_id"], r["merge_breaks"]) for r in clean] == [("clean", 0)]
+
+
+def test_a_step_with_more_rollouts_than_a_report_holds_reports_its_record_alone() -> None:
+    breaks = {f"r{i}": 0 for i in range(MAX_ROLLOUTS + 1)}
+    assert "rollouts" not in report_body({"step": 1.0}, breaks)
+    assert report_body({"step": 1.0}, {"r0": 1})["rollouts"] == {"r0": {"merge_breaks": 1}}
+    assert "rollouts" not in report_body({"step": 1.0})
 
 
 async def test_a_refused_or_unreachable_report_does_not_raise(

@@ -147,6 +147,18 @@ async def test_a_skipped_update_keeps_the_weights_and_their_version(tmp_path: Pa
     assert record["version"] == 0
 
 
+async def test_a_step_keeps_each_consumed_rollouts_merge_breaks_for_its_report(tmp_path: Path) -> None:
+    first = Triplet(np.array([1, 2]), np.array([3]), np.array([-1.0], dtype=np.float32), 0)
+    # The second call's prompt does not continue the first call's prompt and reply: one break.
+    rewritten = Triplet(np.array([7, 2, 3]), np.array([4]), np.array([-1.0], dtype=np.float32), 0)
+    broken = CompletedRollout("rb", "g", [first, rewritten], 0.0)
+    recorder = Recorder(rollouts=[GROUP[0], broken], metrics=CREATED, train={"update_skipped": 0.0})
+    loop = make_loop(recorder, tmp_path)
+    record = await loop.step(0, iter([]))
+    assert loop.merge_breaks == {"r0": 0, "rb": 1}
+    assert record["rows/breaks"] == 1.0
+
+
 class MarkFails(Recorder):
     """A collector whose gateway refuses the consumed marks (docs/lifecycle.md#retention)."""
 

@@ -150,6 +150,16 @@ def test_train_raises_a_learnable_reward_and_every_call_carries_the_version_it_w
             reported = api.get("/api/runs/e2e/steps").json()
             assert [r["step"] for r in reported] == list(range(STEPS))
             assert [r["record"]["reward_mean"] for r in reported] == pytest.approx(rewards)
+        # ...with each trained rollout's merge breaks, which the dashboard's table filters on.
+        with httpx.Client(base_url=gateway.base_url, timeout=30.0) as ui:
+            assert ui.post("/ui/login", data={"key": KEY}).status_code == 303
+            pages = [
+                ui.get("/ui/api/rollouts", params={"merge_break": flag, "limit": 500})
+                for flag in ("true", "false")
+            ]
+            counts = [row["merge_breaks"] for page in pages for row in page.json()["items"]]
+        assert len(counts) == len(rollouts)
+        assert sum(counts) == sum(r["record"]["rows/breaks"] for r in reported)
     finally:
         gateway.stop()
 

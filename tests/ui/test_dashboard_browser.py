@@ -89,6 +89,21 @@ def test_filter_the_rollouts_table_by_step(page: Any, ui_gateway: Gateway) -> No
     assert "calc-break" in page.locator("#rollouts-table tbody tr").first.text_content()
 
 
+def test_filter_the_rollouts_table_by_merge_break(page: Any, ui_gateway: Gateway) -> None:
+    rollouts = {"calc-1": {"merge_breaks": 0}, "calc-break": {"merge_breaks": 1}}
+    body = {"step": 0, "record": {}, "rollouts": rollouts}
+    url = f"{ui_gateway.base_url}/api/runs/run-b/steps"
+    assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {TRAINER_KEY}"}).status_code == 204
+    log_in(page, ui_gateway)
+    page.select_option("#filter-merge_break", label="yes")
+    page.click("#filters button[type=submit]")
+    expect(page.locator("#rollouts-summary")).to_have_text(re.compile(r"^1 rollouts"))
+    assert "merge_break=true" in page.url
+    row = page.locator("#rollouts-table tbody tr").first
+    assert "calc-break" in row.text_content()
+    expect(row.locator("td.breaks")).to_have_text("1")
+
+
 def test_a_calc_rollout_shows_masked_tokens_and_its_reward(
     page: Any, ui_gateway: Gateway, tmp_path: Path
 ) -> None:

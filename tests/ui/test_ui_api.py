@@ -179,6 +179,27 @@ def test_a_trainer_reports_steps_and_the_dashboard_reads_them(ui_gateway: Gatewa
         assert "run-api" in [run["run_id"] for run in client.get("/ui/api/runs").json()["items"]]
 
 
+def test_the_merge_break_filter_reads_what_a_trainers_step_reported(ui_gateway: Gateway) -> None:
+    trainer = {"Authorization": f"Bearer {TRAINER_KEY}"}
+    url = f"{ui_gateway.base_url}/api/runs/run-breaks/steps"
+    rollouts = {"calc-1": {"merge_breaks": 0}, "calc-break": {"merge_breaks": 1}, "gone": {"merge_breaks": 3}}
+    body = {"step": 0, "record": {"rows/breaks": 1.0}, "rollouts": rollouts}
+    # A rollout that does not exist (deleted by retention meanwhile) is skipped, not refused.
+    assert httpx.post(url, json=body, headers=trainer).status_code == 204
+    bad_id = {"step": 1, "record": {}, "rollouts": {"no/slash": {"merge_breaks": 0}}}
+    assert httpx.post(url, json=bad_id, headers=trainer).status_code == 422
+    negative = {"step": 1, "record": {}, "rollouts": {"calc-1": {"merge_breaks": -1}}}
+    assert httpx.post(url, json=negative, headers=trainer).status_code == 422
+    with login(ui_gateway, READER_KEY) as client:
+        broken = client.get("/ui/api/rollouts", params={"merge_break": "true"}).json()
+        assert [(r["rollout_id"], r["merge_breaks"]) for r in broken["items"]] == [("calc-break", 1)]
+        clean = client.get("/ui/api/rollouts", params={"merge_break": "false"}).json()
+        assert [(r["rollout_id"], r["merge_breaks"]) for r in clean["items"]] == [("calc-1", 0)]
+        unreported = client.get("/ui/api/rollouts", params={"q": "calc-val"}).json()["items"]
+        assert unreported[0]["merge_breaks"] is None
+        assert client.get("/ui/api/rollouts", params={"merge_break": "maybe"}).status_code == 422
+
+
 def test_logout_forgets_the_cookie(ui_gateway: Gateway) -> None:
     with login(ui_gateway, READER_KEY) as client:
         response = client.post("/ui/logout")

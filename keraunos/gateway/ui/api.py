@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -120,6 +120,9 @@ async def rollouts(
     resource: Annotated[str | None, Query(max_length=512, description="Assigned this resource.")] = None,
     version: Annotated[int | None, Query(ge=1, lt=2**63, description="...at this version.")] = None,
     failed_attempt: Annotated[bool | None, Query(description="With (or without) a failed attempt.")] = None,
+    merge_break: Annotated[
+        bool | None, Query(description="A trainer reported merge breaks in it (or reported none).")
+    ] = None,
     sort: Annotated[RolloutSort, Query(description=f"One of {', '.join(SORTS)}.")] = "created",
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
@@ -135,6 +138,7 @@ async def rollouts(
         resource=resource or None,
         resource_version=version,
         failed_attempt=failed_attempt,
+        merge_break=merge_break,
         sort=sort,
         descending=order == "desc",
         offset=offset,
@@ -142,7 +146,8 @@ async def rollouts(
     )
     ledger = ledger_of(request)
     page = await ledger.page_rollouts(query)
-    items = [{**table_row(row), "reward": await _last_reward(ledger, row)} for row in page.items]
+    rewards = await _last_rewards(ledger, page.items)
+    items = [{**table_row(row), "reward": reward} for row, reward in zip(page.items, rewards, strict=True)]
     return _json({"items": items, "total": page.total, "offset": offset})
 
 
@@ -323,13 +328,13 @@ async def _attempt_view(request: Request, rollout_id: str, attempt_id: str) -> A
     )
 
 
-async def _last_reward(ledger: Ledger, row: RolloutRow) -> float | None:
-    """The reward training reads for the row's last attempt (its last finite `reward` event), from
-    its reward events alone: no model call is decoded."""
-    if row.last_attempt_id is None:
-        return None
-    events = await ledger.list_events(row.rollout_id, row.last_attempt_id, REWARD)
-    return read_events(events).reward
+async def _last_rewards(ledger: Ledger, rows: Sequence[RolloutRow]) -> list[float | None]:
+    """The reward training reads for each row's last attempt (its last finite `reward` event), None
+    for a row without an attempt: from their reward events alone (no model call is decoded), all
+    read in one ledger call."""
+    attempts = [(row.rollout_id, row.last_attempt_id) for row in rows if row.last_attempt_id is not None]
+    events = iter(await ledger.events_of_attempts(attempts, REWARD))
+    return [None if row.last_attempt_id is None else read_events(next(events)).reward for row in rows]
 
 
 async def _version_stats(ledger: Ledger, name: str) -> ResourceStats:

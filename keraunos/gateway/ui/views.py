@@ -38,7 +38,7 @@ _BREAK_BEFORE = 8
 
 
 def table_row(row: RolloutRow) -> dict[str, Any]:
-    """A rollouts-table row as JSON."""
+    """A rollouts-table row as JSON (`merge_breaks`: the count a trainer last reported, None if none did)."""
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
@@ -50,6 +50,7 @@ def table_row(row: RolloutRow) -> dict[str, Any]:
         "attempts": row.attempts,
         "last_attempt_id": row.last_attempt_id,
         "error_message": row.error_message,
+        "merge_breaks": row.merge_breaks,
     }
 
 

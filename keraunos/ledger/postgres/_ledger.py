@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -295,6 +295,11 @@ class PostgresLedger(Ledger):
 
     async def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
         return await self._pool.run(lambda conn: rollout_pages.page(conn, query))
+
+    async def events_of_attempts(
+        self, attempts: Sequence[tuple[str, str]], event_type: str
+    ) -> list[list[EventDict]]:
+        return await self._pool.run(lambda conn: rollout_pages.events_of_attempts(conn, attempts, event_type))
 
     async def terminal_page(self, after: int, limit: int) -> TerminalPage:
         after = max(0, after)
@@ -696,9 +701,22 @@ class PostgresLedger(Ledger):
     # -- training runs (SQL in _step_records.py) -----------------------------------------------
 
     async def put_step_record(
-        self, run_id: str, step: int, record: dict[str, float | None], now: float
+        self,
+        run_id: str,
+        step: int,
+        record: dict[str, float | None],
+        now: float,
+        merge_breaks: Mapping[str, int] | None = None,
     ) -> None:
-        await self._pool.run(lambda conn: run_records.put(conn, run_id, step, record, now))
+        if not merge_breaks:
+            await self._pool.run(lambda conn: run_records.put(conn, run_id, step, record, now))
+            return
+
+        async def op(conn: asyncpg.Connection) -> None:
+            await run_records.put(conn, run_id, step, record, now)
+            await run_records.put_merge_breaks(conn, run_id, step, merge_breaks, now)
+
+        await self._pool.transaction(op)
 
     async def list_runs(self, limit: int) -> list[RunSummary]:
         return await self._pool.run(lambda conn: run_records.runs(conn, limit))

@@ -387,6 +387,19 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE rollouts ADD COLUMN batch_idx bigint GENERATED ALWAYS AS (keraunos_batch_idx(metadata)) STORED;
     CREATE INDEX rollouts_by_batch_idx ON rollouts (batch_idx, id) WHERE batch_idx IS NOT NULL;
     """,
+    # 11: how many merge breaks a trainer's step found in each rollout it trained on, as last
+    # reported with that step (SQLite's step 12, docs/protocol.md#training-runs), for the
+    # dashboard's merge-break filter; a deleted rollout's goes with it.
+    """
+    CREATE TABLE rollout_merge_breaks (
+        rollout      bigint PRIMARY KEY REFERENCES rollouts (id) ON DELETE CASCADE,
+        merge_breaks bigint NOT NULL,                     -- 0 when the step's merge found none
+        run_id       text NOT NULL,                       -- the run and step that reported it
+        step         bigint NOT NULL,
+        at           double precision NOT NULL            -- when the gateway stored it
+    );
+    CREATE INDEX rollout_merge_breaks_by_count ON rollout_merge_breaks (merge_breaks, rollout);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -1,6 +1,11 @@
-"""Training runs' step records in PostgreSQL (docs/protocol.md#training-runs): one row per (run, step)."""
+"""Training runs' step records in PostgreSQL (docs/protocol.md#training-runs): one row per (run, step).
+
+Beside them, the merge breaks last reported for each rollout a step trained on (one row per rollout).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import asyncpg
 import orjson
@@ -21,6 +26,26 @@ async def put(
         step,
         now,
         orjson.dumps(record).decode(),
+    )
+
+
+async def put_merge_breaks(
+    conn: asyncpg.Connection, run_id: str, step: int, merge_breaks: Mapping[str, int], now: float
+) -> None:
+    """Store each rollout's count, replacing one reported before; an id of no rollout is skipped.
+    Rows are written in key order, so two reports of the same rollouts cannot deadlock."""
+    ids = list(merge_breaks)
+    await conn.execute(
+        "INSERT INTO rollout_merge_breaks (rollout, merge_breaks, run_id, step, at) "
+        "SELECT r.id, t.n, $3, $4, $5 FROM unnest($1::text[], $2::bigint[]) AS t (rid, n) "
+        "JOIN rollouts r ON r.rollout_id = t.rid ORDER BY r.id "
+        "ON CONFLICT (rollout) DO UPDATE SET merge_breaks = excluded.merge_breaks, "
+        "run_id = excluded.run_id, step = excluded.step, at = excluded.at",
+        ids,
+        [merge_breaks[rid] for rid in ids],
+        run_id,
+        step,
+        now,
     )
 
 

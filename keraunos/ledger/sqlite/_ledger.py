@@ -30,7 +30,7 @@ import operator
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -446,6 +446,11 @@ class SqliteLedger(Ledger):
 
     async def page_rollouts(self, query: RolloutQuery) -> RolloutPage:
         return await self._read(lambda conn: rollout_pages.page(conn, query))
+
+    async def events_of_attempts(
+        self, attempts: Sequence[tuple[str, str]], event_type: str
+    ) -> list[list[EventDict]]:
+        return await self._read(lambda conn: rollout_pages.events_of_attempts(conn, attempts, event_type))
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -877,9 +882,22 @@ class SqliteLedger(Ledger):
     # -- training runs (SQL in _step_records.py) -----------------------------------------------
 
     async def put_step_record(
-        self, run_id: str, step: int, record: dict[str, float | None], now: float
+        self,
+        run_id: str,
+        step: int,
+        record: dict[str, float | None],
+        now: float,
+        merge_breaks: Mapping[str, int] | None = None,
     ) -> None:
-        await self._write(lambda conn: run_records.put(conn, run_id, step, record, now), savepoint=False)
+        if not merge_breaks:
+            await self._write(lambda conn: run_records.put(conn, run_id, step, record, now), savepoint=False)
+            return
+
+        def op(conn: sqlite3.Connection) -> None:
+            run_records.put(conn, run_id, step, record, now)
+            run_records.put_merge_breaks(conn, run_id, step, merge_breaks, now)
+
+        await self._write(op)  # two statements, in a savepoint: a failure takes back both
 
     async def list_runs(self, limit: int) -> list[RunSummary]:
         return await self._read(lambda conn: run_records.runs(conn, limit))

@@ -282,6 +282,19 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX step_records_by_time ON step_records (at);
     """,
+    # 12: how many merge breaks a trainer's step found in each rollout it trained on, as last
+    # reported with that step (docs/protocol.md#training-runs), for the dashboard's merge-break
+    # filter; a deleted rollout's goes with it.
+    """
+    CREATE TABLE rollout_merge_breaks (
+        rollout      INTEGER PRIMARY KEY REFERENCES rollouts (id) ON DELETE CASCADE,
+        merge_breaks INTEGER NOT NULL,            -- 0 when the step's merge found none
+        run_id       TEXT NOT NULL,               -- the run and step that reported it
+        step         INTEGER NOT NULL,
+        at           REAL NOT NULL                -- when the gateway stored it
+    );
+    CREATE INDEX rollout_merge_breaks_by_count ON rollout_merge_breaks (merge_breaks, rollout);
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -1,8 +1,12 @@
-"""Training runs' step records in SQLite (docs/protocol.md#training-runs): one row per (run, step)."""
+"""Training runs' step records in SQLite (docs/protocol.md#training-runs): one row per (run, step).
+
+Beside them, the merge breaks last reported for each rollout a step trained on (one row per rollout).
+"""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 
 import orjson
 
@@ -19,6 +23,19 @@ def put(
         "INSERT INTO step_records (run_id, step, at, record) VALUES (?, ?, ?, ?) "
         "ON CONFLICT (run_id, step) DO UPDATE SET at = excluded.at, record = excluded.record",
         (run_id, step, now, orjson.dumps(record).decode()),
+    )
+
+
+def put_merge_breaks(
+    conn: sqlite3.Connection, run_id: str, step: int, merge_breaks: Mapping[str, int], now: float
+) -> None:
+    """Store each rollout's count, replacing one reported before; an id of no rollout is skipped."""
+    conn.executemany(
+        "INSERT INTO rollout_merge_breaks (rollout, merge_breaks, run_id, step, at) "
+        "SELECT id, ?, ?, ?, ? FROM rollouts WHERE rollout_id = ? "
+        "ON CONFLICT (rollout) DO UPDATE SET merge_breaks = excluded.merge_breaks, "
+        "run_id = excluded.run_id, step = excluded.step, at = excluded.at",
+        [(count, run_id, step, now, rollout_id) for rollout_id, count in merge_breaks.items()],
     )
 
 

@@ -98,6 +98,8 @@ const FILTERS = [
   ["resource", "input"],
   ["version", "input"],
   ["failed_attempt", "select", ["", "true", "false"]],
+  // What the trainer's step reported of the rollout's merge: a break, none (not reported: neither).
+  ["merge_break", "select", [["", "any"], ["true", "yes"], ["false", "no"]]],
 ];
 const COLUMNS = [
   ["rollout_id", "rollout", "rollout_id"],
@@ -107,6 +109,7 @@ const COLUMNS = [
   ["data_id", "data id", null],
   ["attempts", "attempts", null],
   ["reward", "reward", null],
+  ["merge_breaks", "merge breaks", null],
   ["created_at", "created", "created"],
   ["updated_at", "updated", "updated"],
   ["error_message", "error", null],
@@ -116,7 +119,10 @@ async function rolloutsView(params) {
   const form = el("form", { class: "filters", id: "filters" });
   for (const [name, kind, options] of FILTERS) {
     const control = kind === "select"
-      ? el("select", { name, id: `filter-${name}` }, options.map((o) => el("option", { value: o }, o || "any")))
+      ? el("select", { name, id: `filter-${name}` }, options.map((o) => {
+        const [value, label] = Array.isArray(o) ? o : [o, o || "any"];
+        return el("option", { value }, label);
+      }))
       : el("input", { name, id: `filter-${name}`, placeholder: name === "q" ? "id prefix" : name, size: 14 });
     control.value = params.get(name) || "";
     form.append(el("label", {}, name.replace("_", " "), control));
@@ -163,6 +169,8 @@ async function rolloutsView(params) {
     el("td", {}, row.data_id),
     el("td", {}, String(row.attempts)),
     el("td", { class: "reward" }, num(row.reward)),
+    el("td", { class: "breaks", title: row.merge_breaks === null ? "not reported by a trainer" : null },
+      row.merge_breaks === null || row.merge_breaks === undefined ? "–" : String(row.merge_breaks)),
     el("td", {}, when(row.created_at)),
     el("td", {}, when(row.updated_at)),
     el("td", { class: "clip" }, row.error_message || ""),
