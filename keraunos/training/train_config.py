@@ -351,8 +351,9 @@ class TrainConfig(LayeredSettings):
     )
     report_steps: bool = Field(
         default=True,
-        description="Post each step's metrics to the gateway (POST /api/runs/{run_id}/steps), for the "
-        "dashboard's training curves (docs/dashboard.md).",
+        description="Post each step's metrics, and the merge breaks it found in each rollout, to the "
+        "gateway (POST /api/runs/{run_id}/steps), for the dashboard's training curves and its "
+        "merge-break filter (docs/dashboard.md).",
     )
     log_level: LogLevel = Field(default="warning", description="Least severe log level written to stderr.")
     metrics_port: int = Field(
