@@ -52,6 +52,7 @@ from keraunos.gateway.proxy import CacheEvents, ProxyState, proxy_lifespan
 from keraunos.gateway.proxy import router as proxy_router
 from keraunos.gateway.replicas import Coordination
 from keraunos.gateway.ui import SecurityHeaders, ViewCache, session_key
+from keraunos.gateway.ui import actions as ui_actions
 from keraunos.gateway.ui import api as ui_api
 from keraunos.gateway.ui import pages as ui_pages
 from keraunos.ledger.base import Ledger
@@ -160,6 +161,7 @@ def create_app(
         app.include_router(router)
     app.include_router(ui_pages.router)
     app.include_router(ui_api.router)
+    app.include_router(ui_actions.router)
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(StarletteHTTPException, _http_error)

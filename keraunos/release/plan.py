@@ -40,6 +40,8 @@ from keraunos.release.stats import Arm, Decision, ReleaseStatsConfig
 ReleaseState = Literal["replay", "canary", "awaiting_approval", "promoted", "rolled_back", "aborted"]
 FINAL_STATES: frozenset[str] = frozenset({"promoted", "rolled_back", "aborted"})
 Command = Literal["approve", "abort", "rollback"]
+#: Every command, in the order the dashboard offers them.
+COMMANDS: tuple[Command, ...] = ("approve", "abort", "rollback")
 
 
 class InvalidReleaseCommand(InputError):
@@ -194,6 +196,19 @@ def command_step(plan: ReleasePlan, status: ReleaseStatus, command: Command, rea
     if status.state in ("rolled_back", "aborted"):
         raise InvalidReleaseCommand(command, status.state, "the label already points at the baseline")
     return _rollback(status, "release.rollback", reason or "rolled back by hand")
+
+
+def commands_taken(plan: ReleasePlan, status: ReleaseStatus) -> tuple[Command, ...]:
+    """The commands a release in `status` takes: those `command_step` does not refuse. (A promoted
+    release's rollback also needs its label still at its candidate, which only the ledger knows.)"""
+    taken: list[Command] = []
+    for command in COMMANDS:
+        try:
+            command_step(plan, status, command)
+        except InvalidReleaseCommand:
+            continue
+        taken.append(command)
+    return tuple(taken)
 
 
 def _share(plan: ReleasePlan, stage: int) -> float | None:

@@ -14,6 +14,7 @@ from keraunos.release.plan import (
     ReplayPlan,
     automatic_step,
     command_step,
+    commands_taken,
     first_step,
 )
 from keraunos.release.stats import Decision
@@ -128,6 +129,23 @@ def test_a_command_the_state_does_not_allow_is_refused_as_bad_input(
     with pytest.raises(InvalidReleaseCommand) as caught:
         command_step(ReleasePlan(), status, command)  # type: ignore[arg-type]
     assert isinstance(caught.value, InputError) and status.state in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "taken"),
+    [
+        (ReleaseStatus("replay", -1, None, 1), ("abort", "rollback")),
+        (ReleaseStatus("canary", 0, None, 1), ("abort", "rollback")),
+        (ReleaseStatus("awaiting_approval", 0, "stage:2", 2), ("approve", "abort", "rollback")),
+        (ReleaseStatus("promoted", 0, None, 2), ("rollback",)),
+        (ReleaseStatus("rolled_back", 0, None, 2), ()),
+        (ReleaseStatus("aborted", 0, None, 2), ()),
+    ],
+)
+def test_the_commands_a_state_takes_are_those_command_step_does_not_refuse(
+    status: ReleaseStatus, taken: tuple[str, ...]
+) -> None:
+    assert commands_taken(ReleasePlan(stages=(0.05, 0.5)), status) == taken
 
 
 def test_a_final_release_takes_no_automatic_step() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from calc_rollouts import calc_calls, post_rollout
-from dashboard_keys import READER_KEY, TRAINER_KEY
+from dashboard_keys import APPROVER_KEY, READER_KEY, TRAINER_KEY
 from prerequisites import missing
 
 from keraunos.testing.processes import Gateway
@@ -30,14 +30,15 @@ CHROMIUM_ARGS = (
 def ui_gateway(
     session_gateway_factory: Callable[..., Gateway], tmp_path_factory: pytest.TempPathFactory
 ) -> Gateway:
-    """A gateway with a reader and a trainer key, holding three calc rollouts of one group (rewards
-    1, 0, 1; `calc-2` failed) made for step 0, one with a merge break (`calc-break`) made for step 1,
-    and one validation rollout."""
+    """A gateway with a reader, a trainer and an approver key, holding three calc rollouts of one
+    group (rewards 1, 0, 1; `calc-2` failed) made for step 0, one with a merge break (`calc-break`)
+    made for step 1, and one validation rollout."""
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys.write_text(
         "keys:\n"
         f"  - {{name: reader-1, role: reader, key: {READER_KEY}}}\n"
         f"  - {{name: trainer-1, role: trainer, key: {TRAINER_KEY}}}\n"
+        f"  - {{name: approver-1, role: approver, key: {APPROVER_KEY}}}\n"
     )
     gateway = session_gateway_factory(args=("--keys-file", str(keys)))
     with gateway.client() as api:

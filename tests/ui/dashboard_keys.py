@@ -11,6 +11,7 @@ from keraunos.testing.processes import Gateway
 
 READER_KEY = "reader-key-for-the-dashboard-0001"
 TRAINER_KEY = "trainer-key-for-the-dashboard-001"
+APPROVER_KEY = "approver-key-for-the-dashboard-01"
 
 
 @contextmanager

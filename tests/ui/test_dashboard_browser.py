@@ -1,7 +1,7 @@
 """The dashboard in a real browser (Debian's Chromium, driven by Playwright) against a real gateway
 over a real SQLite ledger (docs/dashboard.md): log in, filter the rollouts table, open a calc
 rollout and see its masked tokens and reward, open a merge break, watch a training curve grow while
-steps are reported, and an agent's `<script>` in a message that does not run.
+steps are reported, roll a release back, and an agent's `<script>` in a message that does not run.
 
 With `KERAUNOS_WRITE_SCREENSHOTS=1` each view's screenshot is written to docs/dashboard/ (the
 images docs/dashboard.md shows); otherwise to the test's temporary directory.
@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 from calc_rollouts import calc_calls, post_rollout
-from dashboard_keys import READER_KEY, TRAINER_KEY
+from dashboard_keys import APPROVER_KEY, READER_KEY, TRAINER_KEY
+from dashboard_releases import release_audit, start_release
 
 from keraunos.testing.processes import Gateway
 
@@ -188,6 +189,31 @@ def test_resources_and_releases_view(page: Any, ui_gateway: Gateway, tmp_path: P
     assert page.text_content("table.versions td.reward").startswith("1.000 [")  # its version's reward
     assert "resource.push" in page.text_content("table.audit")
     shoot(page, "resources", tmp_path)
+
+
+def test_roll_a_release_back_from_the_releases_view(page: Any, ui_gateway: Gateway, tmp_path: Path) -> None:
+    with ui_gateway.client() as api:
+        release_id = start_release(api, approve_stages=[1])["release_id"]
+    log_in(page, ui_gateway, APPROVER_KEY)
+    page.goto(f"{ui_gateway.base_url}/ui#/resources")
+    row = page.locator(f'table.releases tr[data-release="{release_id}"]')
+    expect(row.locator("button[data-command]")).to_have_text(["Approve", "Abort", "Rollback"])
+    row.locator('button[data-command="rollback"]').click()
+    row.locator("input.reason").fill("users complain")
+    page.evaluate("window.scrollTo(0, 0)")  # the click scrolled the wide table sideways
+    shoot(page, "release-actions", tmp_path)
+    row.locator('button[data-confirm="rollback"]').click()
+    # The view is drawn again from the ledger: the new state, no command left, the audit entry.
+    expect(row.locator(".badge")).to_have_text("rolled_back")
+    expect(row.locator("button[data-command]")).to_have_count(0)
+    expect(page.locator("table.audit tbody tr").first).to_contain_text("key:approver-1")
+    with ui_gateway.client() as api:
+        entry = release_audit(api, release_id)[-1]
+    assert (entry["action"], entry["actor"], entry["reason"]) == (
+        "release.rollback",
+        "key:approver-1",
+        "users complain",
+    )
 
 
 def test_an_agents_script_in_a_message_never_runs(page: Any, ui_gateway: Gateway, tmp_path: Path) -> None:

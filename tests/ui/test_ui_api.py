@@ -90,6 +90,7 @@ def test_a_reader_key_logs_in_and_filters_rollouts_on_the_server(ui_gateway: Gat
             "actor": "key:reader-1",
             "role": "reader",
             "auth": True,
+            "commands": [],
         }
         page = client.get(
             "/ui/api/rollouts", params={"group": "calc.s0.i0", "sort": "rollout_id", "order": "asc"}

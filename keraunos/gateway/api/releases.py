@@ -255,27 +255,37 @@ async def post_decision(request: Request, release_id: ReleaseIdPath) -> Response
     return json_response(_ANSWER.dump_json(DecisionAnswer(applied=True, release=after)))
 
 
+async def command_release(request: Request, release_id: str, command: Command, actor: str) -> Response:
+    """Apply a person's `command` to a release, read from the request's body
+    (`ReleaseCommandBody`), recorded in the audit log as `actor`: the API's command routes and the
+    dashboard's (`keraunos.gateway.ui.actions`) both answer with this.
+
+    404 for an unknown release; 409 when its state does not take the command
+    (`InvalidReleaseCommand`), when a promoted release's label has moved on, or when
+    `expected_step` is stale (the ledger's compare-and-set); 422 for a body that does not fit."""
+    body = await read_body(request, _COMMAND_BODY)
+    release = await _get(request, release_id)
+    step = command_step(release.plan, release.status, command, body.reason)
+    if release.state == "promoted":
+        await _check_label_still_its_own(request, release)
+    expected = release.step if body.expected_step is None else body.expected_step
+    after = await ledger_of(request).apply_release_step(
+        release_id,
+        step,
+        expected_step=expected,
+        actor=actor,
+        runner=None,
+        evidence=None,
+        now=time.time(),
+    )
+    return json_response(_RELEASE.dump_json(after))
+
+
 def _command_route(command: Command, summary: str) -> None:
     """Register `POST /api/releases/{release_id}/{command}`: a person's command."""
 
     async def endpoint(request: Request, release_id: ReleaseIdPath) -> Response:
-        body = await read_body(request, _COMMAND_BODY)
-        release = await _get(request, release_id)
-        # InvalidReleaseCommand (409) when the release's state does not take the command.
-        step = command_step(release.plan, release.status, command, body.reason)
-        if release.state == "promoted":
-            await _check_label_still_its_own(request, release)
-        expected = release.step if body.expected_step is None else body.expected_step
-        after = await ledger_of(request).apply_release_step(
-            release_id,
-            step,
-            expected_step=expected,
-            actor=actor_of(request.scope),
-            runner=None,
-            evidence=None,
-            now=time.time(),
-        )
-        return json_response(_RELEASE.dump_json(after))
+        return await command_release(request, release_id, command, actor_of(request.scope))
 
     endpoint.__name__ = f"{command}_release"
     endpoint.__doc__ = f"{summary}; 409 when the release's state does not allow it or the step is stale."

@@ -1,13 +1,15 @@
-"""What guards the dashboard: security headers, same-origin login and logout, the session check.
+"""What guards the dashboard: security headers, same-origin state changes, the session check.
 
-Every `/ui` response gets the headers; login and logout must come from the dashboard's own pages;
-every page and data request needs a session.
+Every `/ui` response gets the headers; login, logout and the release actions must come from the
+dashboard's own pages; every page and data request needs a session.
 
 The Content-Security-Policy lets a page run only the dashboard's own script files: no inline
 script, no `eval`, no other origin, no framing. It is the second wall; the first is that the
 dashboard's script writes everything an agent or a model produced as text (`textContent`), never
-as HTML. The only state changes are login and logout; a cross-site page cannot make a browser
-perform them (`same_origin`), and it cannot read anything either (`SameSite=Strict`, no CORS).
+as HTML. The state changes are login, logout and the release actions (`actions`); a cross-site
+page cannot make a browser perform them (`same_origin`; an action also needs `ACTION_HEADER`,
+which no form can send and no other site's script can without a CORS preflight the gateway never
+grants), and it cannot read anything either (`SameSite=Strict`, no CORS).
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ HEADERS: tuple[tuple[bytes, bytes], ...] = (
 NO_STORE = (b"cache-control", b"no-store")
 ANONYMOUS = Session("anonymous", "admin", float("inf"))
 NOT_LOGGED_IN = "Not logged in to the dashboard: POST your key to /ui/login first"
+#: The header the dashboard's script sends with every action (value "1").
+ACTION_HEADER = "x-keraunos-ui"
+NOT_FROM_THE_DASHBOARD = (
+    "Refused: a dashboard action must come from the dashboard's own page "
+    f"(same origin, with the header {ACTION_HEADER}: 1)"
+)
 
 
 def is_ui_path(path: str) -> bool:
@@ -106,3 +114,13 @@ def require_session(request: Request) -> Session:
     if session is None:
         raise HTTPException(status_code=401, detail=NOT_LOGGED_IN)
     return session
+
+
+def require_dashboard_page(request: Request) -> None:
+    """A 403 for a state change that does not come from the dashboard's own script: a cross-site
+    request (`same_origin`), or one without `ACTION_HEADER: 1`."""
+    headers = request.headers
+    if headers.get(ACTION_HEADER) != "1" or not same_origin(
+        headers.items(), headers.get("host", ""), request.url.scheme
+    ):
+        raise HTTPException(status_code=403, detail=NOT_FROM_THE_DASHBOARD)

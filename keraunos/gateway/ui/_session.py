@@ -1,7 +1,7 @@
 """The dashboard's login session: a signed cookie naming who logged in, never the key itself (pure).
 
 A key presented once at `POST /ui/login` (the server key, or a scoped key of any role: the
-dashboard only reads) becomes a cookie `keraunos_ui = <payload>.<signature>`: the payload is the
+dashboard reads for all, and acts on a release only for a role the API lets do so) becomes a cookie `keraunos_ui = <payload>.<signature>`: the payload is the
 actor (`server-key` or `key:NAME`), the role and the expiry; the signature an HMAC-SHA256 under a
 key derived from the gateway's token secret, so every replica that shares the secret accepts it
 and nobody can forge or extend one. A session of a scoped key is valid only while that key's name

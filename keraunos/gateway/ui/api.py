@@ -2,7 +2,8 @@
 
 Small answers over the ledger's reads, filtered, sorted and paged on the server.
 
-Every route needs a dashboard session (`_guard.require_session`, a 401 otherwise) and only reads.
+Every route needs a dashboard session (`_guard.require_session`, a 401 otherwise) and only reads
+(the release actions are `actions`').
 The heavy one, a rollout's calls, is built once per (rollout, attempt) and kept a few seconds
 (`ViewCache`), so paging through a long rollout does not rebuild it for every page.
 """
@@ -22,6 +23,7 @@ from keraunos.gateway.api._common import AttemptIdPath, RolloutIdPath, ledger_of
 from keraunos.gateway.api.resources import STATS_PAGE
 from keraunos.gateway.ui._guard import PREFIX, require_session
 from keraunos.gateway.ui._session import Session
+from keraunos.gateway.ui.actions import permitted_commands
 from keraunos.gateway.ui.views import (
     AttemptView,
     attempt_view,
@@ -34,6 +36,7 @@ from keraunos.ledger._rollout_query import SORTS, RolloutQuery, RolloutRow, Roll
 from keraunos.ledger.base import Ledger
 from keraunos.ledger.errors import RolloutNotFound
 from keraunos.protocol import RolloutState
+from keraunos.release.plan import commands_taken
 from keraunos.release.version_stats import ResourceStats, VersionTally, shaped
 from keraunos.training._read import REWARD, read_events, read_events_json
 from keraunos.training.trajectories import Tokenizer
@@ -105,7 +108,14 @@ def _json(value: Any) -> Response:
 
 @router.get("/session", summary="Who is logged in to the dashboard")
 async def session(session: Annotated[Session, Depends(require_session)], request: Request) -> Response:
-    return _json({"actor": session.actor, "role": session.role, "auth": bool(request.app.state.auth)})
+    return _json(
+        {
+            "actor": session.actor,
+            "role": session.role,
+            "auth": bool(request.app.state.auth),
+            "commands": permitted_commands(session.role),
+        }
+    )
 
 
 @router.get("/rollouts", summary="A filtered, sorted page of rollouts")
@@ -297,10 +307,18 @@ async def resources(request: Request) -> Response:
     return _json({"items": out})
 
 
-@router.get("/releases", summary="Releases, newest first")
-async def releases(request: Request) -> Response:
+@router.get("/releases", summary="Releases, newest first, with the commands the session may give each")
+async def releases(session: Annotated[Session, Depends(require_session)], request: Request) -> Response:
     found = await ledger_of(request).list_releases(active=False)
-    return _json({"items": [release.model_dump(mode="json") for release in reversed(found)]})
+    permitted = permitted_commands(session.role)
+    items = [
+        {
+            **release.model_dump(mode="json"),
+            "commands": [c for c in commands_taken(release.plan, release.status) if c in permitted],
+        }
+        for release in reversed(found)
+    ]
+    return _json({"items": items})
 
 
 @router.get("/audit", summary="A page of the audit log, newest first")

@@ -41,6 +41,30 @@ async function getJson(path) {
   return response.json();
 }
 
+/** POST a dashboard action with its JSON body. `X-Keraunos-UI` tells the gateway the request comes
+ * from this script (no form can send it, and another site's script cannot without a preflight). */
+async function postJson(path, body) {
+  const response = await fetch(API + path, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { Accept: "application/json", "Content-Type": "application/json", "X-Keraunos-UI": "1" },
+    body: JSON.stringify(body),
+  });
+  if (response.status === 401) {
+    window.location.assign("/ui/login");
+    throw new Error("not logged in");
+  }
+  if (!response.ok) {
+    let detail = response.statusText;
+    try {
+      const found = (await response.json()).detail;
+      detail = typeof found === "string" ? found : JSON.stringify(found);
+    } catch (e) { /* keep the status text */ }
+    throw new Error(`${response.status}: ${detail}`);
+  }
+  return response.json();
+}
+
 function when(seconds) {
   if (seconds === null || seconds === undefined) return "";
   return new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19);
@@ -437,11 +461,12 @@ async function resourcesView() {
           el("td", { class: "reward" }, s.reward_mean === null || s.reward_mean === undefined ? "–" : `${num(s.reward_mean)} [${num(s.reward_lower, 2)}, ${num(s.reward_upper, 2)}]`));
       })))));
   const releaseTable = el("table", { class: "releases" },
-    el("thead", {}, el("tr", {}, ["release", "resource", "label", "baseline → candidate", "state", "stage", "share", "waiting for", "reason", "updated"].map((h) => el("th", {}, h)))),
-    el("tbody", {}, releases.items.map((x) => el("tr", {},
+    el("thead", {}, el("tr", {}, ["release", "resource", "label", "baseline → candidate", "state", "stage", "share", "waiting for", "reason", "updated", "actions"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, releases.items.map((x) => el("tr", { "data-release": x.release_id },
       el("td", {}, x.release_id), el("td", {}, x.resource), el("td", {}, x.label), el("td", {}, `${x.baseline} → ${x.candidate}`),
       el("td", {}, el("span", { class: `badge ${x.state}` }, x.state)), el("td", {}, String(x.stage)), el("td", {}, x.share ?? "–"),
-      el("td", {}, x.waiting_for || ""), el("td", { class: "clip" }, x.reason), el("td", {}, when(x.updated_at))))));
+      el("td", {}, x.waiting_for || ""), el("td", { class: "clip" }, x.reason), el("td", {}, when(x.updated_at)),
+      releaseActions(x)))));
   const auditTable = el("table", { class: "audit" },
     el("thead", {}, el("tr", {}, ["#", "at", "actor", "action", "subject", "reason"].map((h) => el("th", {}, h)))),
     el("tbody", {}, audit.items.map((a) => el("tr", {},
@@ -450,6 +475,36 @@ async function resourcesView() {
     el("h2", {}, "Resources"), resources.items.length ? resourceBlocks : el("p", {}, "No resources."),
     el("h2", {}, "Releases and their decisions"), releases.items.length ? releaseTable : el("p", {}, "No releases."),
     el("h2", {}, `Audit log (${audit.count} entries, newest first)`), auditTable);
+}
+
+const COMMAND_NAMES = { approve: "Approve", abort: "Abort", rollback: "Rollback" };
+
+/** A release's actions cell: a button per command its state takes and the session may give (the
+ * server's `commands`), a confirm step with an optional reason, then the command against the step
+ * the page shows (a release that moved meanwhile answers 409) and the view drawn again. */
+function releaseActions(release) {
+  const cell = el("td", { class: "actions" });
+  const offer = (...notes) => cell.replaceChildren(...notes, ...(release.commands || []).map((command) =>
+    el("button", { type: "button", "data-command": command, onclick: () => confirmStep(command) }, COMMAND_NAMES[command])));
+  const confirmStep = (command) => {
+    const reason = el("input", { type: "text", class: "reason", placeholder: "reason (audit log)", maxlength: 4096 });
+    const go = el("button", { type: "button", class: "confirm", "data-confirm": command }, `Confirm ${COMMAND_NAMES[command].toLowerCase()}`);
+    go.addEventListener("click", async () => {
+      go.disabled = true;
+      try {
+        await postJson(`/releases/${enc(release.release_id)}/${command}`, { expected_step: release.step, reason: reason.value });
+      } catch (error) {
+        offer(failure(error));
+        return;
+      }
+      if ((parseHash().parts[0] || "") === "resources") resourcesView();
+    });
+    cell.replaceChildren(el("div", { class: "confirm-step" }, el("span", {}, `${COMMAND_NAMES[command]} at step ${release.step}?`), reason, go,
+      el("button", { type: "button", class: "cancel", onclick: () => offer() }, "Cancel")));
+    reason.focus({ preventScroll: true });
+  };
+  offer();
+  return cell;
 }
 
 // -- routing --------------------------------------------------------------------------------
