@@ -5,7 +5,7 @@ A real `keraunos gateway` serves a SQLite ledger filled beforehand through the l
 agent's, `keraunos.testing.calls.growing_prefix_rollout`: a prompt of 1,024 ids growing by a
 128-id reply and a 50-id observation per call). Debian's Chromium, driven by Playwright, logs in and
 then loads each page in a fresh tab; a load is timed from the navigation to the first meaningful
-data on screen:
+data on screen (checked in the page at every frame, `timed_load`):
 
 - table: the first row of the rollouts table drawn (`#rollouts-table tbody tr`);
 - rollout: the first call's tokens drawn (`#call-0 .tok`), then, separately, its messages
@@ -86,15 +86,23 @@ async def fill(db: Path, rollouts: int, calls: int) -> None:
         await ledger.close()
 
 
+# Whether an element matching the selector is in the page and laid out (has a box).
+_ON_SCREEN = "(selector) => { const e = document.querySelector(selector); return !!e && e.getClientRects().length > 0; }"
+
+
 def timed_load(context: Any, url: str, selectors: list[str]) -> list[float]:
-    """Milliseconds from navigating a fresh tab to `url` until each selector is on screen."""
+    """Milliseconds from navigating a fresh tab to `url` until each selector is on screen.
+
+    Checked in the page at every frame: Playwright's `wait_for_selector` checks from outside, at
+    intervals that grow to 500 ms, so it would see a page that draws in steps up to 500 ms late
+    (and one busy in a long task only when the task ends)."""
     page = context.new_page()
     page.set_default_timeout(120_000)
     started = time.perf_counter()
     page.goto(url, wait_until="commit")
     out = []
     for selector in selectors:
-        page.wait_for_selector(selector)
+        page.wait_for_function(_ON_SCREEN, arg=selector, polling="raf")
         out.append((time.perf_counter() - started) * 1000)
     page.close()
     return out

@@ -465,6 +465,15 @@ class Ledger(abc.ABC):
         would cost more than the rest of its read."""
 
     @abc.abstractmethod
+    async def list_model_requests_with_arrays(
+        self, rollout_id: str, attempt_id: str, offset: int, limit: int
+    ) -> list[EventDict]:
+        """The attempt's `model_request` events from the `offset`-th (0-based, in arrival order; other
+        events are not counted) on, at most `limit`, as `list_events_with_arrays` returns them: for
+        a reader that shows a page of calls (the dashboard's messages). Calls before `offset` are
+        decoded only as far as the delta chain needs, calls after the page not at all."""
+
+    @abc.abstractmethod
     async def list_triplet_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None
     ) -> list[EventDict]:

@@ -278,3 +278,19 @@ async def test_a_call_queued_while_its_previous_call_waits_for_compaction_follow
         await ledger.append_model_call("r", "a", calls[2], wire_of(calls[2]), 2.0)
         assert json.dumps([e["data"] for e in await ledger.list_events("r", "a")]) == json.dumps(calls)
     assert blobs(path) == blobs(await reference(tmp_path, {"a": calls}, ["a"] * 3))
+
+
+async def test_a_page_of_calls_reads_past_wire_rows(tmp_path: Path) -> None:
+    # A wire row restarts the chain: the calls before a page are passed over in either form.
+    calls = growing_prefix_rollout(6, seed=15)
+    path = tmp_path / "ledger.db"
+    async with SqliteLedger(path, **NEVER) as ledger:
+        await ledger.create_rollouts([RolloutCreate(input={}, rollout_id="r")], 1.0)
+        for call in calls[:2]:
+            await ledger.append_event("r", "a", "model_request", call, 2.0)
+        for call in calls[2:]:
+            await ledger.append_model_call("r", "a", call, wire_of(call), 2.0)
+        assert forms(path) == "KKWWWW"
+        for offset in range(6):
+            page = await ledger.list_model_requests_with_arrays("r", "a", offset, 2)
+            assert same([e["data"] for e in page], calls[offset : offset + 2])

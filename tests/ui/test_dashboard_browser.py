@@ -115,11 +115,31 @@ def test_a_calc_rollout_shows_masked_tokens_and_its_reward(
     second = page.locator("#call-1")
     assert second.locator(".tok.observation").count() > 0  # the calculator's result turn
     assert second.locator(".tok.trained").count() > 0
-    assert "logprob -0.050" in (second.locator(".tok.trained").first.get_attribute("title") or "")
+    token = second.locator(".tok.trained").first
+    token.hover()  # a token's id and log probability show on hover
+    assert "logprob -0.050" in (token.get_attribute("title") or "")
     page.wait_for_selector("#messages-1 .msg")
     assert "<answer> 12 </answer>" in page.text_content("#messages-1")
     page.evaluate("document.getElementById('call-0').scrollIntoView()")
     shoot(page, "rollout", tmp_path)
+
+
+def test_a_rollouts_first_call_is_painted_before_the_next_is_drawn(page: Any, ui_gateway: Gateway) -> None:
+    # Each call's section is stamped with the number of frames the page had rendered when it was
+    # added: the second comes a frame after the first (a long rollout's page paints its first call
+    # without waiting for the others' tokens).
+    page.add_init_script(
+        "window.frames_ = 0; window.drawnAt = {};"
+        "const tick = () => { window.frames_ += 1; requestAnimationFrame(tick); }; requestAnimationFrame(tick);"
+        "new MutationObserver(() => { for (const s of document.querySelectorAll('section.call'))"
+        " if (!(s.id in window.drawnAt)) window.drawnAt[s.id] = window.frames_; })"
+        ".observe(document, { subtree: true, childList: true });"
+    )
+    log_in(page, ui_gateway)
+    page.goto(f"{ui_gateway.base_url}/ui#/rollout/calc-1")
+    page.wait_for_selector("#call-1 .tok")
+    drawn = page.evaluate("window.drawnAt")
+    assert drawn["call-1"] > drawn["call-0"]
 
 
 def test_a_merge_break_shows_both_sides(page: Any, ui_gateway: Gateway, tmp_path: Path) -> None:

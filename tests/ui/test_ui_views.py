@@ -82,7 +82,25 @@ def test_messages_are_the_ones_each_call_added_and_are_found_beside_their_calls(
     assert messages[1]["reply"] == {"role": "assistant", "content": "c"}
     calls = attempt_view("r", [triplet([1, 2], [3, 4]), triplet([1, 2, 3, 4, 9], [5])]).calls
     assert match_calls(calls, messages) == [0, 1]
-    assert match_calls(calls[1:], messages) == [1]
+
+
+def test_a_call_is_found_by_its_place_and_a_retried_one_past_the_calls_folded_into_it() -> None:
+    def entry(prompt_len: int | None, response_len: int | None) -> dict[str, Any]:
+        return {"prompt_len": prompt_len, "response_len": response_len}
+
+    def call(prompt_len: int | None, response_len: int | None, replaced: int = 0) -> dict[str, Any]:
+        return {**entry(prompt_len, response_len), "replaced": replaced}
+
+    # Nothing folded: the i-th call is the i-th full record, whatever the lengths say (a
+    # completions call's full record has no top-level prompt ids).
+    assert match_calls([call(4, 2), call(8, 2)], [entry(None, 2), entry(8, 2)]) == [0, 1]
+    # Call 1 was tried twice with one prompt (same lengths): the second try is the one kept.
+    calls = [call(4, 2), call(8, 2, replaced=1), call(12, 2)]
+    assert match_calls(calls, [entry(4, 2), entry(8, 2), entry(8, 2), entry(12, 2)]) == [0, 2, 3]
+    # Folded into a later call, the first try may sit anywhere before it: found by the lengths.
+    calls = [call(4, 2), call(8, 2), call(4, 3, replaced=1)]
+    assert match_calls(calls, [entry(4, 2), entry(8, 2), entry(4, 3), entry(4, 3)]) == [0, 1, 3]
+    assert match_calls(calls, [entry(4, 2), entry(4, 3), entry(8, 2), entry(4, 3)]) == [0, 2, 3]
 
 
 def test_a_group_gets_grpo_advantages_over_the_siblings_with_a_reward() -> None:

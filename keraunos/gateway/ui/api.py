@@ -77,8 +77,32 @@ class ViewCache:
 
         return await self._get(("view", rollout_id, attempt_id), build)
 
+    async def page_messages(
+        self, ledger: Ledger, view: AttemptView, rollout_id: str, attempt_id: str, offset: int, count: int
+    ) -> list[dict[str, Any] | None]:
+        """The messages and reply (`views.call_messages`) of `count` of the view's calls from
+        `offset` on; None for a call whose full record is not found.
+
+        When no call was folded into a later one (nearly always), call i is the attempt's i-th model
+        request (`match_calls`): only those records are read, and the one before them, whose
+        messages the first one's extend. Otherwise all the attempt's records are read and matched.
+        """
+        if not count:
+            return []
+        if not view.replaced:
+            start = max(0, offset - 1)
+            events = await ledger.list_model_requests_with_arrays(
+                rollout_id, attempt_id, start, offset + count - start
+            )
+            shaped: list[dict[str, Any] | None] = [*call_messages(events)[offset - start :]]
+            return shaped + [None] * (count - len(shaped))
+        everything = await self.messages(ledger, rollout_id, attempt_id)
+        found = match_calls(view.calls, everything)[offset : offset + count]
+        return [None if j is None else everything[j] for j in found]
+
     async def messages(self, ledger: Ledger, rollout_id: str, attempt_id: str) -> list[dict[str, Any]]:
-        """The attempt's model calls' messages and replies (`views.call_messages`)."""
+        """All the attempt's model calls' messages and replies (`views.call_messages`), for an
+        attempt whose calls cannot all be found by position (`page_messages`)."""
 
         async def build() -> list[dict[str, Any]]:
             events = await ledger.list_events_with_arrays(rollout_id, attempt_id)
@@ -239,15 +263,15 @@ async def messages(
     limit: Annotated[int, Query(ge=1, le=200)] = 20,
 ) -> Response:
     view = await _attempt_view(request, rollout_id, attempt_id)
-    shaped = await request.app.state.ui_views.messages(ledger_of(request), rollout_id, attempt_id)
     page = view.calls[offset : offset + limit]
-    found = match_calls(view.calls, shaped)[offset : offset + limit]  # scanned from the first call
+    cache: ViewCache = request.app.state.ui_views
+    found = await cache.page_messages(ledger_of(request), view, rollout_id, attempt_id, offset, len(page))
     items = [
         {
             "index": call["index"],
-            **({} if j is None else {k: shaped[j][k] for k in ("messages", "reply", "history_rewritten")}),
+            **({} if entry is None else {k: entry[k] for k in ("messages", "reply", "history_rewritten")}),
         }
-        for call, j in zip(page, found, strict=True)
+        for call, entry in zip(page, found, strict=True)
     ]
     return _json({"items": items, "total": len(view.calls), "offset": offset})
 

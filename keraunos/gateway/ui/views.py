@@ -63,6 +63,8 @@ class AttemptView:
     reward: float | None = None
     breaks: int = 0
     failed_calls: int = 0
+    #: Calls folded into a later call with the same prompt (`match_calls`).
+    replaced: int = 0
 
 
 def attempt_view(
@@ -94,6 +96,7 @@ def attempt_view(
             )
             continue
         k = triplet_of_event.get(index)
+        replaced = data.get("replaced_calls")
         call: dict[str, Any] = {
             "index": len(view.calls),
             "timestamp": event.get("timestamp"),
@@ -104,6 +107,9 @@ def attempt_view(
             "trained": k is not None,
             "prompt_len": _length(data.get("prompt_token_ids")),
             "response_len": _length(data.get("response_token_ids")),
+            # Earlier calls with the same prompt folded into this one (retries): not calls of this
+            # view, but of the full records (`match_calls`).
+            "replaced": len(replaced) if isinstance(replaced, list) else 0,
         }
         if k is not None:
             call.update(tokens[k])
@@ -112,6 +118,7 @@ def attempt_view(
                     break_at[k], read.triplets[k - 1] if k else None, read.triplets[k], tokenizer
                 )
         view.calls.append(call)
+        view.replaced += call["replaced"]
     return view
 
 
@@ -146,20 +153,33 @@ def call_messages(events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def match_calls(calls: Sequence[dict[str, Any]], messages: Sequence[dict[str, Any]]) -> list[int | None]:
-    """For each call of the triplet view, the index of its full call in `messages` (None: not found).
+    """For each call of the triplet view, the index of its full call in `messages` (None: not found),
+    `messages` being the attempt's model requests from its first (`call_messages`).
 
     The triplet view keeps calls in order and leaves out only calls it folded into a later one with
-    the same prompt, so a forward scan that matches the lengths of prompt and response finds each.
+    the same prompt (`replaced`). So call i is at position i + (the calls folded into it and into
+    the calls before it) at least, and i + (all folded calls) at most. Where the two agree (always,
+    when nothing was folded) it is there; otherwise a forward scan in that range finds the first
+    entry whose prompt and response lengths are the call's.
     """
+    folded_all = sum(call.get("replaced", 0) for call in calls)
     out: list[int | None] = []
-    j = 0
-    for call in calls:
+    j = folded = 0
+    for i, call in enumerate(calls):
+        folded += call.get("replaced", 0)
+        low, high = max(j, i + folded), min(i + folded_all, len(messages) - 1)
         found = None
-        for candidate in range(j, len(messages)):
-            entry = messages[candidate]
-            if entry["prompt_len"] == call["prompt_len"] and entry["response_len"] == call["response_len"]:
-                found = candidate
-                break
+        if low == i + folded_all:
+            found = low if low < len(messages) else None
+        else:
+            for candidate in range(low, high + 1):
+                entry = messages[candidate]
+                if (
+                    entry["prompt_len"] == call["prompt_len"]
+                    and entry["response_len"] == call["response_len"]
+                ):
+                    found = candidate
+                    break
         if found is not None:
             j = found + 1
         out.append(found)

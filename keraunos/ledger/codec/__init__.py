@@ -11,6 +11,7 @@ sends its prompts as deltas (`delta=1`). Pure: no I/O.
 from keraunos.ledger.codec._decode import (
     decode_model_request,
     decode_model_request_arrays,
+    decode_model_request_context,
     decode_model_request_triplet,
 )
 from keraunos.ledger.codec._model_request import CallContext, encode_model_request
@@ -22,6 +23,7 @@ __all__ = [
     "decode_json",
     "decode_model_request",
     "decode_model_request_arrays",
+    "decode_model_request_context",
     "decode_model_request_triplet",
     "encode_json",
     "encode_model_request",

@@ -1,5 +1,6 @@
 """Reading a `model_request` blob back: in full (`decode_model_request`) or only what the triplet
-view needs (`decode_model_request_triplet`), with the context the next call of its attempt needs.
+view needs (`decode_model_request_triplet`), with the context the next call of its attempt needs;
+or only that context (`decode_model_request_context`), to reach a later call of the chain.
 
 The layout is `keraunos.ledger.codec._model_request`'s. A chain's prompts are decoded into one id
 buffer (`keraunos.prefix`): a prompt that extends the previous call's prompt + response exactly
@@ -86,8 +87,23 @@ def decode_model_request_triplet(blob: bytes, prev: CallContext | None) -> tuple
         raise CodecError(f"corrupt model_request blob: {exc!r}") from exc
 
 
+def decode_model_request_context(blob: bytes, prev: CallContext | None) -> CallContext:
+    """Only the context `decode_model_request` returns (the ids and messages the next call of the
+    attempt may extend), for a reader that needs a later call of the chain but not this one: its
+    DATA, request, log probs and other id lists are never read. Raises `CodecError` like
+    `decode_model_request`.
+    """
+    try:
+        return _Decoder(blob, prev).context_only()
+    except CodecError:
+        raise
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError, struct.error, zlib.error) as exc:
+        raise CodecError(f"corrupt model_request blob: {exc!r}") from exc
+
+
 class _Decoder:
-    """One blob's table of sections, and the two ways to read them."""
+    """One blob's table of sections, and the ways to read them (in full, for the triplet view, or
+    only for the context)."""
 
     def __init__(self, blob: bytes, prev: CallContext | None) -> None:
         self.prev = prev
@@ -163,6 +179,16 @@ class _Decoder:
             elif kind is _Kind.MESSAGES:
                 self._messages()
         return trim_parts(data, content_log_probs, token_log_probs), self._context()
+
+    def context_only(self) -> CallContext:
+        for position, (kind, index) in enumerate(self.order):
+            if (position == 0 and self.flags & _FLAG_CONTEXT_PROMPT) or (
+                kind is _Kind.TOKEN_IDS and index == 0
+            ):
+                self._ids(position, kind, index)
+            elif kind is _Kind.MESSAGES:
+                self._messages()
+        return self._context()
 
     def _place_log_probs(self, data: dict[str, Any], kind: _Kind, index: int) -> None:
         if kind is _Kind.TOKEN_LOGPROBS:

@@ -21,6 +21,7 @@ from keraunos.ledger.codec import (
     decode_json,
     decode_model_request,
     decode_model_request_arrays,
+    decode_model_request_context,
     decode_model_request_triplet,
 )
 from keraunos.ledger.codec._triplet import dedupe_model_requests, trim_model_request, trim_reward
@@ -61,6 +62,28 @@ def decode_triplet_events(
     (only `agent_id`'s, if given: retries are de-duplicated within the agent's calls)."""
     events = _decode(rollout_id, attempt_id, rows, _decode_call_triplet, trim_reward, agent_id)
     return dedupe_model_requests(events)
+
+
+def decode_model_requests_from(
+    rollout_id: str, attempt_id: str, rows: Iterable[EventRow], skip: int
+) -> list[EventDict]:
+    """`decode_events_with_arrays` of an attempt's `model_request` rows (in arrival order; other
+    rows are passed over) past the first `skip` of them. The first `skip` are decoded only as far
+    as the chain needs (their ids and messages), so a page of calls late in a long attempt costs a
+    fraction of the attempt's full read."""
+    ctx: CallContext | None = None
+    out: list[EventDict] = []
+    seen = 0
+    for event_type, timestamp, blob, _agent in rows:
+        if event_type != MODEL_REQUEST:
+            continue
+        seen += 1
+        if seen <= skip:
+            ctx = None if is_wire(blob) else decode_model_request_context(blob, ctx)
+            continue
+        data, ctx = _decode_call_arrays(blob, ctx)
+        out.append(_event(event_type, rollout_id, attempt_id, timestamp, data))
+    return out
 
 
 _CallDecoder = Callable[[bytes, CallContext | None], tuple[dict[str, Any], CallContext | None]]

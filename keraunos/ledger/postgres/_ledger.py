@@ -67,6 +67,7 @@ from keraunos.ledger.codec._event_rows import (
     agent_of,
     decode_events,
     decode_events_with_arrays,
+    decode_model_requests_from,
     decode_triplet_events,
 )
 from keraunos.ledger.errors import (
@@ -131,6 +132,12 @@ _SELECT_EVENTS_OF_TYPE = (
     "SELECT event_type, timestamp, data, agent_id FROM events "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2 "
     "AND event_type = $3 ORDER BY id"
+)
+# The first model requests of an attempt: the chain up to the end of a page of them.
+_SELECT_MODEL_REQUESTS = (
+    "SELECT event_type, timestamp, data, agent_id FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = $1) AND attempt_id = $2 "
+    "AND event_type = 'model_request' ORDER BY id LIMIT $3"
 )
 # One agent's events: every call (each is a delta against the attempt's previous call, whatever its
 # agent; the decoder keeps the agent's) and, of the other events, only the agent's.
@@ -460,6 +467,17 @@ class PostgresLedger(Ledger):
 
     async def list_events_with_arrays(self, rollout_id: str, attempt_id: str) -> list[EventDict]:
         return await self._decoded(decode_events_with_arrays, rollout_id, attempt_id, None, None)
+
+    async def list_model_requests_with_arrays(
+        self, rollout_id: str, attempt_id: str, offset: int, limit: int
+    ) -> list[EventDict]:
+        if limit <= 0:
+            return []
+        records = await self._pool.fetch(_SELECT_MODEL_REQUESTS, rollout_id, attempt_id, offset + limit)
+        rows = [(r[0], r[1], r[2], r[3]) for r in records]
+        if len(rows) < _DECODE_IN_THREAD:
+            return decode_model_requests_from(rollout_id, attempt_id, rows, offset)
+        return await asyncio.to_thread(decode_model_requests_from, rollout_id, attempt_id, rows, offset)
 
     async def list_triplet_events(
         self, rollout_id: str, attempt_id: str, event_type: str | None = None, agent_id: str | None = None

@@ -71,6 +71,7 @@ from keraunos.ledger.codec._event_rows import (
     agent_of,
     decode_events,
     decode_events_with_arrays,
+    decode_model_requests_from,
     decode_triplet_events,
 )
 from keraunos.ledger.codec._wire import WireCall, encode_wire
@@ -136,6 +137,12 @@ _INSERT_EVENT = (
 _SELECT_EVENTS = (
     "SELECT event_type, timestamp, data, agent_id FROM events "
     "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ? ORDER BY id"
+)
+# The first model requests of an attempt: the chain up to the end of a page of them.
+_SELECT_MODEL_REQUESTS = (
+    "SELECT event_type, timestamp, data, agent_id FROM events "
+    "WHERE rollout = (SELECT id FROM rollouts WHERE rollout_id = ?) AND attempt_id = ? "
+    "AND event_type = 'model_request' ORDER BY id LIMIT ?"
 )
 _EVENTS_SIZE = (
     "SELECT count(*), sum(length(data)) FROM events "
@@ -642,6 +649,17 @@ class SqliteLedger(Ledger):
             rows = _event_rows(conn, rollout_id, attempt_id, None, None)
             return decode_events_with_arrays(rollout_id, attempt_id, rows)
 
+        return await self._read_sized(op, rollout_id, attempt_id)
+
+    async def list_model_requests_with_arrays(
+        self, rollout_id: str, attempt_id: str, offset: int, limit: int
+    ) -> list[EventDict]:
+        def op(conn: sqlite3.Connection) -> list[EventDict]:
+            rows = conn.execute(_SELECT_MODEL_REQUESTS, (rollout_id, attempt_id, offset + limit)).fetchall()
+            return decode_model_requests_from(rollout_id, attempt_id, rows, offset)
+
+        if limit <= 0:
+            return []
         return await self._read_sized(op, rollout_id, attempt_id)
 
     async def list_triplet_events(

@@ -7,6 +7,8 @@
 const API = "/ui/api";
 const PAGE = 50;
 const CALLS_PAGE = 10;
+// How long a task that draws calls runs before it lets the browser paint.
+const FRAME_MS = 12;
 
 // -- small helpers ---------------------------------------------------------------------------
 
@@ -209,28 +211,61 @@ async function rolloutsView(params) {
 
 // -- one rollout ----------------------------------------------------------------------------
 
+/** One token: its text (or its id), coloured by its mask and, when it trains, by its log
+ * probability. Its id and log probability show on hover (`describeToken`), so nothing else is
+ * done per token. */
 function tokenSpan(id, textValue, cls, logprob) {
-  const title = `id ${id}` + (logprob === null || logprob === undefined ? "" : ` · logprob ${Number(logprob).toFixed(3)}`);
-  const span = el("span", { class: `tok ${cls}`, title }, textValue === undefined ? String(id) : textValue);
+  const span = document.createElement("span");
+  span.className = cls;
+  span.textContent = textValue === undefined ? String(id) : textValue;
   if (logprob !== null && logprob !== undefined) {
     // Heat: a confident token is pale, an unlikely one strong.
-    const heat = Math.min(1, -Number(logprob) / 5);
-    span.style.setProperty("--heat", heat.toFixed(2));
+    span.style.setProperty("--heat", Math.min(1, -Number(logprob) / 5).toFixed(2));
   }
   return span;
 }
 
+// A tokens box's call, for the title of the token the pointer is over.
+const callOfTokens = new WeakMap();
+
 function tokensBlock(call) {
   const box = el("div", { class: "tokens" });
+  // Built apart and put in the page at once: one insertion, not one per token.
+  const spans = document.createDocumentFragment();
   const obs = call.observation || { ids: [] };
-  if (obs.hidden) box.append(el("span", { class: "tok hidden" }, `… ${obs.hidden} prompt ids`));
-  obs.ids.forEach((id, i) => box.append(tokenSpan(id, obs.text ? obs.text[i] : undefined, "observation", null)));
+  if (obs.hidden) spans.append(el("span", { class: "tok hidden" }, `… ${obs.hidden} prompt ids`));
+  for (let i = 0; i < obs.ids.length; i++) {
+    spans.append(tokenSpan(obs.ids[i], obs.text ? obs.text[i] : undefined, "tok observation", null));
+  }
   const resp = call.response || { ids: [] };
-  resp.ids.forEach((id, i) => {
-    const trained = resp.mask && resp.mask[i] === 1;
-    box.append(tokenSpan(id, resp.text ? resp.text[i] : undefined, trained ? "trained" : "masked", resp.logprobs ? resp.logprobs[i] : null));
-  });
+  for (let i = 0; i < resp.ids.length; i++) {
+    const cls = resp.mask && resp.mask[i] === 1 ? "tok trained" : "tok masked";
+    spans.append(tokenSpan(resp.ids[i], resp.text ? resp.text[i] : undefined, cls, resp.logprobs ? resp.logprobs[i] : null));
+  }
+  box.append(spans);
+  callOfTokens.set(box, call);
   return box;
+}
+
+/** Give the token under the pointer its title (id and log probability), from its call's data and
+ * its place in its box: one handler for all the calls' tokens. */
+function describeToken(event) {
+  const span = event.target;
+  const box = span.parentElement;
+  const call = box ? callOfTokens.get(box) : undefined;
+  if (!call || span.title || !span.classList.contains("tok") || span.classList.contains("hidden")) return;
+  const obs = call.observation || { ids: [] };
+  const resp = call.response || { ids: [] };
+  let at = Array.prototype.indexOf.call(box.children, span) - (obs.hidden ? 1 : 0);
+  let logprob = null;
+  let id;
+  if (at < obs.ids.length) id = obs.ids[at];
+  else {
+    at -= obs.ids.length;
+    id = resp.ids[at];
+    logprob = resp.logprobs ? resp.logprobs[at] : null;
+  }
+  span.title = `id ${id}` + (logprob === null || logprob === undefined ? "" : ` · logprob ${Number(logprob).toFixed(3)}`);
 }
 
 function messageBlock(message) {
@@ -288,22 +323,36 @@ function timeline(detail) {
   const box = el("div", { class: "timeline", id: "timeline" });
   if (!n) return box;
   const versions = [...new Set(detail.timeline.map((c) => c.version))];
+  const ticks = document.createDocumentFragment();
   for (const c of detail.timeline) {
     const hue = (210 + versions.indexOf(c.version) * 67) % 360;
     const mark = el("a", { href: `#call-${c.index}`, class: `tick ${c.status === "ok" ? "" : "bad"}`, title: `call ${c.index} · version ${c.version ?? "?"} · ${c.status}` });
     mark.style.left = `${(100 * c.index) / n}%`;
     mark.style.setProperty("--hue", String(hue));
-    mark.addEventListener("click", (event) => { event.preventDefault(); const target = document.getElementById(`call-${c.index}`); if (target) target.scrollIntoView(); });
-    box.append(mark);
+    ticks.append(mark);
   }
   for (const event of detail.events || []) {
     const at = Math.max(0, event.after_call + 1);
     const value = event.data && event.data.value !== undefined ? ` = ${text(event.data.value)}` : "";
     const mark = el("span", { class: `event ${event.event_type === "reward" ? "reward" : ""}`, title: `${event.event_type}${value} after call ${event.after_call}` }, event.event_type === "reward" ? "★" : "•");
     mark.style.left = `${(100 * at) / n}%`;
-    box.append(mark);
+    ticks.append(mark);
   }
+  box.append(ticks);
+  // One handler for every tick: a tick scrolls to its call (if drawn) and leaves the location be.
+  box.addEventListener("click", (event) => {
+    const mark = event.target.closest("a.tick");
+    if (!mark) return;
+    event.preventDefault();
+    const target = document.getElementById(mark.getAttribute("href").slice(1));
+    if (target) target.scrollIntoView();
+  });
   return box;
+}
+
+/** Resolves once the next frame has been painted. */
+function nextPaint() {
+  return new Promise((resolve) => afterPaint(resolve));
 }
 
 async function rolloutView(parts, params) {
@@ -337,7 +386,7 @@ async function rolloutView(parts, params) {
       el("td", {}, when(a.ended_at)), el("td", {}, a.exit_code ?? ""), el("td", { class: "clip" }, a.reason || "")))));
   const resources = Object.entries(detail.resources || {}).map(([name, a]) => el("li", {}, `${name}: version ${a.version} (${a.selector})${a.release_id ? ` release ${a.release_id} ${a.arm}` : ""}`));
   const events = el("ul", { class: "events" }, (detail.events || []).map((e) => el("li", {}, `${when(e.timestamp)} · ${e.event_type} after call ${e.after_call}: `, el("code", {}, text(e.data)))));
-  const calls = el("div", { id: "calls" });
+  const calls = el("div", { id: "calls", onmouseover: describeToken });
   const more = el("button", { id: "more-calls", type: "button" }, "load more calls");
   show(
     el("h1", {}, "Rollout ", el("code", {}, id)),
@@ -357,14 +406,27 @@ async function rolloutView(parts, params) {
     more.disabled = true;
     const page = first || await getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/calls?offset=${offset}&limit=${CALLS_PAGE}`);
     first = null;
-    // Incremental: a page of calls at a time, the next when the reader scrolls near the end.
-    calls.append(...page.items.map(callBlock));
-    const from = offset;
-    // Their messages are asked for once these tokens are painted: building a long rollout's
-    // messages is the gateway's heaviest work, and would share the machine with this paint.
-    afterPaint(() => getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/messages?offset=${from}&limit=${CALLS_PAGE}`)
-      .then((messages) => fillMessages(messages.items))
-      .catch((error) => calls.append(failure(error))));
+    // Incremental: a page of calls at a time, the next when the reader scrolls near the end; and
+    // within a page, the first call is painted before the others are drawn, a few per frame.
+    let drawn;
+    const allDrawn = new Promise((resolve) => { drawn = resolve; });
+    let frame = performance.now();
+    for (const [k, call] of page.items.entries()) {
+      calls.append(callBlock(call));
+      if (k === 0 || performance.now() - frame > FRAME_MS) {
+        await nextPaint();
+        frame = performance.now();
+      }
+      if (k === 0) {
+        // The page's messages are asked for once its first call is on screen (they come from
+        // the full records, which cost the gateway more than the tokens did), and filled in
+        // once all its calls are drawn.
+        getJson(`/rollouts/${enc(id)}/attempts/${enc(detail.attempt)}/messages?offset=${offset}&limit=${CALLS_PAGE}`)
+          .then(async (found) => { await allDrawn; fillMessages(found.items); })
+          .catch((error) => calls.append(failure(error)));
+      }
+    }
+    drawn();
     offset += page.items.length;
     more.disabled = false;
     if (offset >= page.total) { more.remove(); observer.disconnect(); }
