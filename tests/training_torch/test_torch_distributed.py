@@ -26,6 +26,12 @@ from keraunos.training.backends.torch.checkpoint import read_checkpoint
 from keraunos.training.backends.torch.trainer import LoraSettings, TorchTrainer, TorchTrainerConfig
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
+#: How far a weight may differ after one AdamW update at lr 1e-2 over two ranks. A step moves a
+#: weight by about lr * g / (|g| + eps): where a gradient is near eps, one rounding of a different
+#: summation order (gloo's reduce against one process's sum) shows in the weight; measured up to
+#: 1.3e-5 on one machine, under 1e-5 on CI's. 5e-5 is half a percent of lr: a wrong or missing
+#: gradient moves weights by about lr.
+WEIGHT_TOLERANCE = 5e-5
 
 
 def uneven_batch(to_batch: Callable[..., TrainBatch], make_rollout: Callable[..., Any]) -> TrainBatch:
@@ -60,7 +66,7 @@ def test_one_update_over_two_gloo_ranks_equals_the_single_process_update(
     moved = max(float((expected[name] - tensor).abs().max()) for name, tensor in before.items())
     assert moved > 1e-3  # the update did something the comparison can see
     worst = max(float((sharded[name] - tensor).abs().max()) for name, tensor in expected.items())
-    assert worst < 1e-5, worst
+    assert worst < WEIGHT_TOLERANCE, worst
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     for key in ("loss", "tokens", "clip_fraction", "approx_kl", "entropy", "grad_norm", "logprob_diff_max"):
         assert metrics[key] == pytest.approx(expected_metrics[key], rel=1e-5, abs=1e-6), key
@@ -84,7 +90,7 @@ def test_the_checkpoint_gathered_from_two_ranks_equals_the_single_process_checkp
         tensors = {key for key in theirs if not key.startswith("rng/")}
         assert tensors and tensors <= mine.keys(), name
         worst = max(float((mine[key].double() - theirs[key].double()).abs().max()) for key in tensors)
-        assert worst < 1e-5, (name, worst)
+        assert worst < WEIGHT_TOLERANCE, (name, worst)
     with safe_open(str(gathered / "trainer.safetensors"), framework="pt") as handle:
         groups = json.loads((handle.metadata() or {})["param_groups"])
     with safe_open(str(expected / "trainer.safetensors"), framework="pt") as handle:
@@ -112,9 +118,9 @@ def test_one_lora_update_over_two_gloo_ranks_with_ddp_equals_the_single_process_
     adapter = [name for name in expected if "lora_" in name]
     assert adapter and len(adapter) < len(expected)
     moved = max(float((expected[name] - before[name]).abs().max()) for name in adapter)
-    assert moved > 1e-3  # the adapter moved by more than the comparison's tolerance
+    assert moved > 1e-3  # the adapter moved by far more than the comparison's tolerance
     worst = max(float((replicated[name] - tensor).abs().max()) for name, tensor in expected.items())
-    assert worst < 1e-5, worst
+    assert worst < WEIGHT_TOLERANCE, worst
     # DDP leaves the same adapter on every rank.
     first, second = (load_file(str(tmp_path / f"adapter-{rank}.safetensors")) for rank in range(2))
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
@@ -156,7 +162,7 @@ def test_a_two_rank_run_resumed_on_two_ranks_holds_the_checkpoint_and_goes_on_li
     assert got.keys() == expected.keys() and saved.keys() <= expected.keys()
     assert max(float((expected[name] - saved[name]).abs().max()) for name in saved) > 1e-3
     worst = max(float((got[name] - tensor).abs().max()) for name, tensor in expected.items())
-    assert worst < 1e-5, worst
+    assert worst < WEIGHT_TOLERANCE, worst
     assert json.loads((resumed / "metrics.json").read_text())["step"] == 2
 
 
