@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 #: Rollout and attempt ids: 1 to 128 characters of `[A-Za-z0-9._:-]`, not only dots, so safe in URLs,
 #: file names and Kubernetes labels. `.` and `..` are refused: HTTP clients normalise them out of a
@@ -26,6 +26,8 @@ Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=ID_MAX_LENG
 
 #: An integer that fits a 64-bit database column (numbers inside JSON payloads may be any size).
 Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+#: An API a model endpoint may serve natively (`Model.native_apis`).
+NativeApi = Literal["openai.responses"]
 
 #: Attempt id used by v1.0 clients that never set `last_attempt_id`.
 DEFAULT_ATTEMPT_ID = "0"
@@ -365,6 +367,10 @@ class Model(BaseModel):
     serve only the calls of that agent, so one engine can host each agent's adapter: registrations
     are then keyed by (model, endpoint, agent_id), and None (untagged, left out of answers too)
     serves the calls of agents that have no endpoint of their own.
+
+    `native_apis` (keraunos extension, docs/harnesses.md#native-responses) names the APIs the
+    engine serves itself, which then take those calls unconverted: only `openai.responses` (the
+    Messages API is always converted: no engine returns its token ids). Empty, left out of answers.
     """
 
     model: str
@@ -372,6 +378,22 @@ class Model(BaseModel):
     version: Int64 = 0
     served_as: str | None = Field(default=None, min_length=1, max_length=256, exclude_if=lambda v: v is None)
     agent_id: Id | None = Field(default=None, exclude_if=lambda v: v is None)
+    native_apis: list[NativeApi] = Field(default_factory=list, max_length=8, exclude_if=lambda v: not v)
+
+    @field_validator("native_apis", mode="before")
+    @classmethod
+    def _not_messages(cls, value: Any) -> Any:
+        if isinstance(value, list) and "anthropic.messages" in value:
+            raise ValueError(
+                "'anthropic.messages' cannot be served natively: no engine returns token ids on the"
+                " Messages API, so the gateway converts those calls to chat completions"
+            )
+        return value
+
+    @field_validator("native_apis")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
 
 
 class ServerInfo(BaseModel):

@@ -172,9 +172,22 @@ def fence_from_row(row: Any) -> AttemptFence:
     )
 
 
-def registered_model(model: str, endpoint: str, version: int, served_as: str | None, agent_id: str) -> Model:
-    """A `Model` from a row of `models` (model, endpoint, version, served_as, agent_id), whose
-    untagged endpoints are stored with agent_id '' (a UNIQUE key holds NULLs distinct)."""
+def registered_model(
+    model: str, endpoint: str, version: int, served_as: str | None, agent_id: str, native_apis: str
+) -> Model:
+    """A `Model` from a row of `models` (model, endpoint, version, served_as, agent_id,
+    native_apis), whose untagged endpoints are stored with agent_id '' (a UNIQUE key holds NULLs
+    distinct) and whose native APIs are stored comma-separated ('' for none)."""
     return Model(
-        model=model, endpoint=endpoint, version=version, served_as=served_as, agent_id=agent_id or None
+        model=model,
+        endpoint=endpoint,
+        version=version,
+        served_as=served_as,
+        agent_id=agent_id or None,
+        native_apis=native_apis.split(",") if native_apis else [],  # type: ignore[arg-type]
     )
+
+
+def model_row(m: Model) -> tuple[str, str, int, str | None, str, str]:
+    """The `models` row of an endpoint (`registered_model` reads it back)."""
+    return (m.model, m.endpoint, m.version, m.served_as, m.agent_id or "", ",".join(m.native_apis))

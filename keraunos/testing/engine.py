@@ -3,7 +3,8 @@
 It answers `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models` and `GET /health`
 in the response shapes of vLLM >= 0.10 (with `return_token_ids`, `logprobs`, `top_logprobs`, `n`,
 streaming with `stream_options.include_usage`), from a deterministic tokenizer and sampler (see
-`_engine_tokens`), so a multi-turn agent's prompts grow exactly by the previous response.
+`_engine_tokens`), so a multi-turn agent's prompts grow exactly by the previous response. It also
+serves `POST /v1/responses` natively, as vLLM 0.32 does (`_engine_responses`).
 
 Tests steer it at runtime without restarts:
 - `POST /mock/faults` `{"status": 503, "count": 2}` | `{"drop": true}` | `{"die_after_chunks": 3}`
@@ -34,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from keraunos.gateway.dialects.base import DialectRequestError
 from keraunos.serving.requests import (
     RequestError,
     int_field,
@@ -41,6 +43,7 @@ from keraunos.serving.requests import (
     max_tokens_of,
     output_options,
 )
+from keraunos.testing import _engine_responses as responses_api
 from keraunos.testing._engine_config import EngineConfig, EngineConfigError
 from keraunos.testing._engine_faults import FaultPlan, FaultSpecError, fault_from_json, parse_schedule
 from keraunos.testing._engine_script import ScriptReply, load_script, reply_pieces
@@ -174,6 +177,7 @@ class EngineApp:
         self._routes = {
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/completions": ("POST", self._completions),
+            "/v1/responses": ("POST", self._responses),
             "/v1/models": ("GET", self._models),
             "/health": ("GET", self._health),
             "/version": ("GET", self._version),
@@ -254,6 +258,35 @@ class EngineApp:
             await _close_connection(send, receive)
             return
         await send({"type": "http.response.start", "status": 200, "headers": _headers(_JSON, len(data))})
+        await send({"type": "http.response.body", "body": data})
+
+    async def _responses(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The Responses API served natively, in vLLM's shape (`_engine_responses`): sampled from
+        the body's chat form as a chat call is, without scripts, faults or delays."""
+        raw = await _read_body(receive)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            self.stats.record(scope["method"], scope["path"], scope["headers"], None)
+            await self._send_error(send, 400, f"Invalid JSON body: {exc}")
+            return
+        self.stats.record(scope["method"], scope["path"], scope["headers"], body)
+        try:
+            generation = self._parse(responses_api.chat_request(body), chat=True)
+        except DialectRequestError as exc:
+            await self._send_error(send, exc.status, exc.message)
+            return
+        except RequestError as exc:
+            await self._send_error(send, exc.status, exc.message)
+            return
+        generation.scripted = None
+        completion = orjson.loads(orjson.dumps(self._chat_response(generation, self._sample_all(generation))))
+        if not generation.stream:
+            await _send_json(send, 200, responses_api.answer(body, completion))
+            return
+        data = responses_api.events(body, completion)
+        headers = [(b"content-type", b"text/event-stream"), (b"content-length", b"%d" % len(data))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
     def _parse(self, body: Any, *, chat: bool) -> _Generation:

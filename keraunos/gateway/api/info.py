@@ -42,6 +42,7 @@ FEATURES: tuple[str, ...] = (
     "dialects",  # .../anthropic/v1/messages and .../openai/v1/responses, converted to chat, recorded
     "agent-endpoints",  # an endpoint's agent_id: it serves only that agent's calls (docs/multi-agent.md)
     "training-runs",  # POST/GET /api/runs/{run_id}/steps: a trainer's step metrics, kept in the ledger
+    "native-responses",  # an endpoint's native_apis: Responses calls forwarded unconverted, ids recorded
     "dashboard",  # /ui: the web dashboard, its login and its /ui/api data routes (docs/dashboard.md)
 )
 

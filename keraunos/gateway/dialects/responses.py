@@ -236,6 +236,34 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
     return messages
 
 
+def assistant_message(output: Any) -> dict[str, Any]:
+    """The chat assistant message a Responses answer's `output` items stand for (text, tool calls,
+    `reasoning_content`), as a converted call's record has it; raises `DialectRequestError` for
+    items it cannot read."""
+    items = output if isinstance(output, list) else []
+    turns = _input_messages(items)  # reasoning items left out, read below
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    for turn in turns:
+        if turn["role"] != "assistant":
+            raise _refuse("output", f"an answer's output holds a {turn['role']} message")
+        content = turn.get("content")
+        if isinstance(content, str) and content:
+            message["content"] = (message["content"] or "") + content
+        message.setdefault("tool_calls", []).extend(turn.get("tool_calls", ()))
+    if not message.get("tool_calls"):
+        message.pop("tool_calls", None)
+    reasoning = "".join(
+        part["text"]
+        for item in items
+        if isinstance(item, dict) and item.get("type") == "reasoning"
+        for part in (item.get("content") or item.get("summary") or ())
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    )
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    return message
+
+
 def _function_tool(tool: dict[str, Any], param: str, name: str) -> dict[str, Any]:
     function: dict[str, Any] = {"name": name}
     description = _string(tool.get("description"), f"{param}.description")

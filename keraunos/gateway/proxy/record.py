@@ -50,7 +50,7 @@ def model_request_data(
     except (ValueError, RecursionError):
         response = None
     if not isinstance(response, dict):
-        response, payload, status = _not_json(answer.body), None, "error"
+        response, payload, status = not_json(answer.body), None, "error"
     data = call_data(
         served_model=served_model,
         request=request,
@@ -84,6 +84,7 @@ def call_data(
     agent_id: str | None = None,
     api: str | None = None,
     side_call: bool = False,
+    native: bool = False,
 ) -> dict[str, Any]:
     """`data` of a `model_request` event from its parts: the one shape of streamed and unstreamed calls.
 
@@ -97,7 +98,8 @@ def call_data(
     `api`: the API the agent spoke when it was not chat completions (`anthropic.messages`,
     `openai.responses`: docs/harnesses.md); `request` and `response` are then their chat form.
     `side_call`: a harness's call outside the task (docs/harnesses.md#side-calls), recorded as
-    `side_call: true` only when it is one.
+    `side_call: true` only when it is one. `native`: an endpoint served the `api` itself
+    (docs/harnesses.md#native-responses), recorded as `server.native: true`.
     """
     data = {
         "model": served_model,
@@ -127,6 +129,8 @@ def call_data(
         data["api"] = api
     if side_call:
         data["side_call"] = True
+    if native:
+        data["server"]["native"] = True
     return data
 
 
@@ -150,7 +154,7 @@ def loads(raw: bytes) -> Any:
 NOT_JSON_REASON = "the model server's answer is not a JSON object"
 
 
-def _not_json(body: bytes) -> dict[str, Any]:
+def not_json(body: bytes) -> dict[str, Any]:
     return {"error": {"message": body.decode("utf-8", errors="replace"), "reason": NOT_JSON_REASON}}
 
 

@@ -45,10 +45,22 @@ from keraunos.gateway.proxy.dialect_calls import (
 )
 from keraunos.gateway.proxy.disconnect import DisconnectWatch
 from keraunos.gateway.proxy.exact import with_prompt_ids
+from keraunos.gateway.proxy.native import (
+    RESPONSES_PATH,
+    NativeStream,
+    agent_answer,
+    asks_logprobs,
+    native_endpoints,
+    recorded_completion,
+    shape_native,
+)
 from keraunos.gateway.proxy.record import (
     CLIENT_DISCONNECTED,
     call_data,
+    loads,
     model_request_data,
+    not_json,
+    status_of,
 )
 from keraunos.gateway.proxy.replay import answer_replay, replay_source
 from keraunos.gateway.proxy.routing import agent_endpoints, current_policy, pinned_policy
@@ -217,6 +229,7 @@ class _Call:
     side_call: bool = False  # a harness's call outside the task (docs/harnesses.md#side-calls)
     upstream_at: float = 0.0  # perf_counter() when the first upstream attempt began
     spliced: Any = None  # --exact-tokens: the prompt ids sent instead of the messages' rendering
+    native: bool = False  # an endpoint served the converted API itself (proxy/native.py)
 
     def data(
         self,
@@ -242,6 +255,7 @@ class _Call:
             agent_id=self.agent_id,
             api=self.api,
             side_call=self.side_call,
+            native=self.native,
         )
 
     async def send(
@@ -382,6 +396,12 @@ async def _forward(
     else:
         # A LoRA policy: its newest adapter's endpoints, and the adapter's name as the model.
         endpoints, upstream_model = current_policy(endpoints, config.served_model)
+    native = [] if dialect is None else native_endpoints(endpoints, dialect.name)
+    if dialect is not None and native:
+        return await _forward_native(
+            state, request, rollout_id, attempt_id, mode, temperature, agent_id, dialect, original,
+            native, upstream_model, started,
+        )  # fmt: skip
     shaped, sampling = shape_request(
         body, served_model=upstream_model, mode=mode, temperature=temperature, path=path
     )
@@ -414,38 +434,9 @@ async def _forward(
         agent_id=agent_id, spliced=spliced, api=None if dialect is None else dialect.name,
         side_call=dialect is not None and is_side_call(original, state.side_call_models),
     )  # fmt: skip
-    progress = Progress()
-    watch = DisconnectWatch(request.receive, state.watches)
-    call.upstream_at = time.perf_counter()
-    try:
-        with watch:
-            outcome = await call.send(endpoints, payload, progress)
-            if spliced is not None and _refused(outcome):
-                payload, outcome = await _as_rendered(call, endpoints, progress, outcome)
-                spliced = None
-    except asyncio.CancelledError:
-        if not watch.disconnected:
-            raise
-        _uncancel()
-        return await _agent_left(call, progress)
-    if isinstance(outcome, Failure):
-        log.warning(
-            "model call failed, nothing recorded",
-            rollout_id=rollout_id,
-            attempt_id=attempt_id,
-            endpoint=outcome.endpoint.endpoint,
-            kind=outcome.kind,
-            attempts=outcome.attempts,
-            error=outcome.message,
-        )
-        state.metrics.lost(
-            reason=outcome.kind,
-            mode=mode,
-            stream=streamed,
-            attempts=outcome.attempts,
-            upstream_s=time.perf_counter() - call.upstream_at,
-        )
-        return failure_answer(outcome)
+    payload, outcome = await _sent(call, request, endpoints, payload)
+    if isinstance(outcome, Response):
+        return outcome
     if isinstance(outcome, Opened):
         translator = None if dialect is None else dialect.translator(original)
         return StreamedCall(
@@ -454,10 +445,10 @@ async def _forward(
     recorded = model_request_data(
         served_model=config.served_model,
         request=shaped,
-        payload=payload if exact and spliced is None else None,
+        payload=payload if exact and call.spliced is None else None,
         sampling=sampling,
         answer=outcome,
-        exact_tokens=spliced is not None,
+        exact_tokens=call.spliced is not None,
         agent_id=agent_id,
         api=call.api,
         side_call=call.side_call,
@@ -489,6 +480,119 @@ async def _forward(
             return gateway_error(502, "The model server answered with a body that is not a JSON object")
         return answer_in_dialect(dialect, original, data["response"])
     return passthrough(outcome)
+
+
+async def _forward_native(
+    state: ProxyState,
+    request: Request,
+    rollout_id: str,
+    attempt_id: str,
+    mode: str,
+    temperature: float,
+    agent_id: str | None,
+    dialect: Dialect,
+    original: dict[str, Any],
+    endpoints: Sequence[Model],
+    upstream_model: str,
+    started: float,
+) -> Response:
+    """A Responses call to endpoints that serve the API themselves (proxy/native.py): the agent's
+    body shaped for training goes upstream, the engine's answer comes back to the agent, and the
+    record holds its chat form with the engine's token ids."""
+    shaped, sampling = shape_native(original, served_model=upstream_model, mode=mode, temperature=temperature)
+    try:
+        payload = dump_bounded(shaped)
+    except (TypeError, ValueError) as exc:  # e.g. a lone surrogate in a string
+        return gateway_error(400, f"Request body cannot be forwarded as JSON: {exc}")
+    if payload is None:
+        return gateway_error(400, f"Request body: {TOO_DEEP_MESSAGE}", code="json_too_deep")
+    call = _Call(
+        state, rollout_id, attempt_id, mode, RESPONSES_PATH, dialect.to_chat(shaped), sampling,
+        shaped.get("stream") is True, started, agent_id=agent_id, api=dialect.name,
+        side_call=is_side_call(original, state.side_call_models), native=True,
+    )  # fmt: skip
+    _, outcome = await _sent(call, request, endpoints, payload)
+    if isinstance(outcome, Response):
+        return outcome
+    if isinstance(outcome, Opened):
+        stream = NativeStream(
+            original.get("model"), dialect.translator(original).fail, logprobs=asks_logprobs(original)
+        )
+        return StreamedCall(call, outcome, strip_usage=False, release=state.pause.release, native=stream)
+    ok = 200 <= outcome.status < 300
+    try:
+        answer = loads(outcome.body)
+    except (ValueError, RecursionError):
+        answer = None
+    if isinstance(answer, dict):
+        response, status = (recorded_completion(answer) if ok else answer), status_of(outcome.status)
+    else:
+        response, status = not_json(outcome.body), "error"
+    data = call.data(
+        endpoint=outcome.endpoint,
+        http_status=outcome.status,
+        response=response,
+        status=status,
+        attempts=outcome.attempts,
+        latency_ms=outcome.latency_ms,
+    )
+    error = await call.commit(data)
+    upstream_s = outcome.latency_ms / 1000.0
+    call.count(data, upstream_s, time.perf_counter() - started - upstream_s, outcome.attempts)
+    if isinstance(error, LedgerUnavailable):
+        return gateway_error(
+            503,
+            f"The model call was made but could not be recorded ({error}); retry the call",
+            attempts=outcome.attempts,
+        )
+    if error is not None:
+        raise error
+    if not ok:
+        return passthrough(outcome)
+    if not isinstance(answer, dict):
+        return gateway_error(502, "The model server answered with a body that is not a JSON object")
+    shown = agent_answer(answer, original.get("model"), logprobs=asks_logprobs(original))
+    return Response(orjson.dumps(shown), media_type=JSON)
+
+
+async def _sent(
+    call: _Call, request: Request, endpoints: Sequence[Model], payload: bytes
+) -> tuple[bytes, Answer | Opened | Response]:
+    """Send the call upstream (again as the engine renders it when it refused the call's exact
+    prompt ids): the payload that went and the upstream's answer, or the answer the agent gets when
+    there is none (it left; every attempt failed)."""
+    progress = Progress()
+    watch = DisconnectWatch(request.receive, call.state.watches)
+    call.upstream_at = time.perf_counter()
+    try:
+        with watch:
+            outcome = await call.send(endpoints, payload, progress)
+            if call.spliced is not None and _refused(outcome):
+                payload, outcome = await _as_rendered(call, endpoints, progress, outcome)
+    except asyncio.CancelledError:
+        if not watch.disconnected:
+            raise
+        _uncancel()
+        return payload, await _agent_left(call, progress)
+    if isinstance(outcome, Failure):
+        log.warning(
+            "model call failed, nothing recorded",
+            rollout_id=call.rollout_id,
+            attempt_id=call.attempt_id,
+            endpoint=outcome.endpoint.endpoint,
+            kind=outcome.kind,
+            attempts=outcome.attempts,
+            error=outcome.message,
+        )
+        call.state.metrics.lost(
+            reason=outcome.kind,
+            mode=call.mode,
+            stream=call.stream,
+            attempts=outcome.attempts,
+            upstream_s=time.perf_counter() - call.upstream_at,
+        )
+        return payload, failure_answer(outcome)
+    return payload, outcome
 
 
 async def _agent_left(call: _Call, progress: Progress) -> Response:
@@ -563,6 +667,7 @@ class StreamedCall(Response):
         strip_usage: bool,
         release: Callable[[], None],
         translator: StreamTranslator | None = None,
+        native: NativeStream | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -571,9 +676,10 @@ class StreamedCall(Response):
         self._strip_usage = strip_usage
         self._release = release
         self._translator = translator  # a converted API: chat chunks become its events
+        self._native = native  # an API the engine served itself: its events relayed and assembled
         self._done = False
         content_type = opened.response.headers.get("Content-Type", "text/event-stream")
-        if translator is not None:
+        if translator is not None or native is not None:
             content_type = "text/event-stream"
         self.raw_headers = [
             (b"content-type", content_type.encode("latin-1")),
@@ -590,7 +696,7 @@ class StreamedCall(Response):
 
     async def _relay(self, receive: Receive, send: Send) -> None:
         call, opened = self._call, self._opened
-        assembler = StreamAssembler(chat=call.path == "chat/completions")
+        assembler = self._native or StreamAssembler(chat=call.path == "chat/completions")
         splitter = SseSplitter()
         content = opened.response.content
         watch = DisconnectWatch(receive, call.state.watches)
@@ -633,7 +739,8 @@ class StreamedCall(Response):
             opened.close()
         if status == "ok":
             if problem is None and not self._done and not assembler.finished:
-                problem = "the stream ended before data: [DONE]"
+                ending = "its final event" if self._native is not None else "data: [DONE]"
+                problem = f"the stream ended before {ending}"
             if problem is not None or assembler.error is not None:
                 status = "error"
         response = assembler.response()
@@ -670,20 +777,27 @@ class StreamedCall(Response):
         elif error is not None:
             await send({"type": "http.response.body", "body": self._failed(_unrecorded(error), "gateway")})
         else:
-            end = DONE_EVENT if self._translator is None else self._translator.finish()
+            if self._native is not None:
+                end = self._native.finish()
+            else:
+                end = DONE_EVENT if self._translator is None else self._translator.finish()
             await send({"type": "http.response.body", "body": end})
         overhead = (call.upstream_at - call.started) + handling + (time.perf_counter() - upstream_end)
         call.count(data, latency_s, overhead, opened.attempts)
 
     def _failed(self, message: str, source: str) -> bytes:
         """The event that ends a failed stream: the API's own error event for a converted API."""
+        if self._native is not None:
+            return self._native.fail(message, source=source)
         if self._translator is None:
             return error_event(message, source)
         return self._translator.fail(message, source=source)
 
-    def _take(self, events: list[bytes], assembler: StreamAssembler) -> bytes:
+    def _take(self, events: list[bytes], assembler: StreamAssembler | NativeStream) -> bytes:
         """Fold `events` into the assembly; the bytes of those the agent gets, as they came (a
         converted API's events instead, made from the chunks by its translator)."""
+        if isinstance(assembler, NativeStream):
+            return b"".join(assembler.take(event) for event in events)
         keep: list[bytes] = []
         translator = self._translator
         for event in events:

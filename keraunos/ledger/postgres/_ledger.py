@@ -40,6 +40,7 @@ from keraunos.ledger._rows import (
     fresh_rollout_id,
     group_id_of,
     insert_values,
+    model_row,
     plain_parts,
     registered_model,
     rollout_from_row,
@@ -517,15 +518,15 @@ class PostgresLedger(Ledger):
 
     async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
         # An untagged endpoint is stored with agent_id '' (migration step 8 says why).
-        params = [(m.model, m.endpoint, m.version, m.served_as, m.agent_id or "") for m in models]
+        params = [model_row(m) for m in models]
         if params:
             # An update keeps the endpoint's original registration position (its row id).
             await self._pool.transaction(
                 lambda conn: conn.executemany(
-                    "INSERT INTO models (model, endpoint, version, served_as, agent_id) "
-                    "VALUES ($1, $2, $3, $4, $5) "
+                    "INSERT INTO models (model, endpoint, version, served_as, agent_id, native_apis) "
+                    "VALUES ($1, $2, $3, $4, $5, $6) "
                     "ON CONFLICT (model, endpoint, agent_id) DO UPDATE SET version = excluded.version, "
-                    "served_as = excluded.served_as",
+                    "served_as = excluded.served_as, native_apis = excluded.native_apis",
                     params,
                 )
             )
@@ -533,7 +534,7 @@ class PostgresLedger(Ledger):
 
     async def list_models(self, model: str | None = None) -> list[Model]:
         rows = await self._pool.fetch(
-            "SELECT model, endpoint, version, served_as, agent_id FROM models "
+            "SELECT model, endpoint, version, served_as, agent_id, native_apis FROM models "
             "WHERE $1::text IS NULL OR model = $1 ORDER BY id",
             model,
         )

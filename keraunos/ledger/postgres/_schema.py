@@ -400,6 +400,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX rollout_merge_breaks_by_count ON rollout_merge_breaks (merge_breaks, rollout);
     """,
+    # 12: the APIs an endpoint serves natively (SQLite's step 13, docs/harnesses.md#native-responses),
+    # comma-separated.
+    """
+    ALTER TABLE models ADD COLUMN native_apis text NOT NULL DEFAULT '';
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)

@@ -44,6 +44,7 @@ from keraunos.ledger._rows import (
     fence_from_row,
     fresh_rollout_id,
     insert_values,
+    model_row,
     plain_parts,
     registered_model,
     transition_sources,
@@ -691,14 +692,15 @@ class SqliteLedger(Ledger):
 
     async def upsert_models(self, models: Sequence[Model]) -> list[Model]:
         # An untagged endpoint is stored with agent_id '' (migration step 10 says why).
-        params = [(m.model, m.endpoint, m.version, m.served_as, m.agent_id or "") for m in models]
+        params = [model_row(m) for m in models]
 
         def op(conn: sqlite3.Connection) -> None:
             # An update keeps the endpoint's original registration position (its row id).
             conn.executemany(
-                "INSERT INTO models (model, endpoint, version, served_as, agent_id) VALUES (?, ?, ?, ?, ?) "
+                "INSERT INTO models (model, endpoint, version, served_as, agent_id, native_apis) "
+                "VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (model, endpoint, agent_id) DO UPDATE SET version = excluded.version, "
-                "served_as = excluded.served_as",
+                "served_as = excluded.served_as, native_apis = excluded.native_apis",
                 params,
             )
 
@@ -709,7 +711,7 @@ class SqliteLedger(Ledger):
         rows = (
             self._inline_conn()
             .execute(
-                "SELECT model, endpoint, version, served_as, agent_id FROM models "
+                "SELECT model, endpoint, version, served_as, agent_id, native_apis FROM models "
                 "WHERE ?1 IS NULL OR model = ?1 ORDER BY id",
                 (model,),
             )

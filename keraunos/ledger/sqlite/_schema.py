@@ -295,6 +295,10 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX rollout_merge_breaks_by_count ON rollout_merge_breaks (merge_breaks, rollout);
     """,
+    # 13: the APIs an endpoint serves natively (docs/harnesses.md#native-responses), comma-separated.
+    """
+    ALTER TABLE models ADD COLUMN native_apis TEXT NOT NULL DEFAULT '';
+    """,
 )
 
 LATEST_VERSION = len(MIGRATIONS)
