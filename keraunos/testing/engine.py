@@ -261,8 +261,8 @@ class EngineApp:
         await send({"type": "http.response.body", "body": data})
 
     async def _responses(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """The Responses API served natively, in vLLM's shape (`_engine_responses`): sampled from
-        the body's chat form as a chat call is, without scripts, faults or delays."""
+        """The Responses API served natively, in vLLM's shape (`_engine_responses`): answered from
+        the body's chat form as a chat call is (sampled, or from the script), without faults or delays."""
         raw = await _read_body(receive)
         try:
             body = orjson.loads(raw)
@@ -279,8 +279,19 @@ class EngineApp:
         except RequestError as exc:
             await self._send_error(send, exc.status, exc.message)
             return
-        generation.scripted = None
-        completion = orjson.loads(orjson.dumps(self._chat_response(generation, self._sample_all(generation))))
+        if generation.scripted is not None:
+            choices, usage = self._script_choices(generation)
+            head = {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+            }
+            completion = self._scripted_completion(
+                generation, {**head, "model": generation.model}, choices, usage
+            )
+        else:
+            completion = self._chat_response(generation, self._sample_all(generation))
+        completion = orjson.loads(orjson.dumps(completion))
         if not generation.stream:
             await _send_json(send, 200, responses_api.answer(body, completion))
             return
@@ -510,10 +521,9 @@ class EngineApp:
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _scripted(self, gen: _Generation, send: Any, receive: Any, *, die_after: int | None) -> None:
-        """A scripted chat reply, whole or streamed as a real engine streams one: text word by word,
-        each tool call's id and name in one delta and its arguments in pieces, every chunk with the
-        `token_ids` (and logprobs) of what it carries. Sent whole whatever `max_tokens` says."""
+    def _script_choices(self, gen: _Generation) -> tuple[list[tuple[list[str], list[Any]]], dict[str, Any]]:
+        """Per choice of a scripted reply its tool call ids and its pieces `(delta, text, ids)`,
+        and the usage of the whole answer."""
         reply = gen.scripted
         assert reply is not None
         tokenizer = self.tokenizer
@@ -530,60 +540,76 @@ class EngineApp:
             "completion_tokens": completion_tokens,
             "prompt_tokens_details": None,
         }
+        return choices, usage
+
+    def _script_logprobs(self, gen: _Generation, pieces: list[tuple[str, list[int]]]) -> Any:
+        if gen.logprobs is None:
+            return None
+        return {"content": orjson.Fragment(self.tokenizer.piece_logprobs(pieces, gen.logprobs))}
+
+    def _scripted_completion(
+        self, gen: _Generation, head: dict[str, Any], choices: list[Any], usage: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The unstreamed chat completion of a scripted reply."""
+        reply = gen.scripted
+        assert reply is not None
+        listed = []
+        for index, (call_ids, pieces) in enumerate(choices):
+            calls = [
+                {
+                    "id": ident,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_text},
+                }
+                for ident, call in zip(call_ids, reply.tool_calls, strict=True)
+            ]
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": {
+                    "role": "assistant",
+                    "content": reply.text,
+                    **_CHAT_MESSAGE_EXTRAS,
+                    "tool_calls": calls,
+                },
+                "logprobs": self._script_logprobs(gen, [(text, ids) for _, text, ids in pieces]),
+                "finish_reason": reply.finish_reason,
+                "stop_reason": None,
+            }
+            if gen.return_ids:
+                choice["token_ids"] = [i for _, _, ids in pieces for i in ids]
+            listed.append(choice)
+        response: dict[str, Any] = {
+            **head,
+            "choices": listed,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage,
+            "prompt_logprobs": None,
+        }
+        if gen.return_ids:
+            response["prompt_token_ids"] = gen.prompts[0]
+        response["kv_transfer_params"] = None
+        return response
+
+    async def _scripted(self, gen: _Generation, send: Any, receive: Any, *, die_after: int | None) -> None:
+        """A scripted chat reply, whole or streamed as a real engine streams one: text word by word,
+        each tool call's id and name in one delta and its arguments in pieces, every chunk with the
+        `token_ids` (and logprobs) of what it carries. Sent whole whatever `max_tokens` says."""
+        reply = gen.scripted
+        assert reply is not None
+        choices, usage = self._script_choices(gen)
         head = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion.chunk" if gen.stream else "chat.completion",
             "created": int(time.time()),
             "model": gen.model,
         }
-
-        def logprobs(pieces: list[tuple[str, list[int]]]) -> Any:
-            if gen.logprobs is None:
-                return None
-            return {"content": orjson.Fragment(tokenizer.piece_logprobs(pieces, gen.logprobs))}
-
         if self.config.latency_ms:
             await asyncio.sleep(self.config.latency_ms / 1000)
         if not gen.stream:
             if self.config.inter_token_ms:
-                await asyncio.sleep(self.config.inter_token_ms * completion_tokens / gen.n / 1000)
-            listed = []
-            for index, (call_ids, pieces) in enumerate(choices):
-                calls = [
-                    {
-                        "id": ident,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments_text},
-                    }
-                    for ident, call in zip(call_ids, reply.tool_calls, strict=True)
-                ]
-                choice: dict[str, Any] = {
-                    "index": index,
-                    "message": {
-                        "role": "assistant",
-                        "content": reply.text,
-                        **_CHAT_MESSAGE_EXTRAS,
-                        "tool_calls": calls,
-                    },
-                    "logprobs": logprobs([(text, ids) for _, text, ids in pieces]),
-                    "finish_reason": reply.finish_reason,
-                    "stop_reason": None,
-                }
-                if gen.return_ids:
-                    choice["token_ids"] = [i for _, _, ids in pieces for i in ids]
-                listed.append(choice)
-            response: dict[str, Any] = {
-                **head,
-                "choices": listed,
-                "service_tier": None,
-                "system_fingerprint": None,
-                "usage": usage,
-                "prompt_logprobs": None,
-            }
-            if gen.return_ids:
-                response["prompt_token_ids"] = gen.prompts[0]
-            response["kv_transfer_params"] = None
-            data = orjson.dumps(response)
+                await asyncio.sleep(self.config.inter_token_ms * usage["completion_tokens"] / gen.n / 1000)
+            data = orjson.dumps(self._scripted_completion(gen, head, choices, usage))
             await send({"type": "http.response.start", "status": 200, "headers": _headers(_JSON, len(data))})
             if die_after is not None:
                 await send({"type": "http.response.body", "body": data[: len(data) // 2], "more_body": True})
@@ -602,7 +628,7 @@ class EngineApp:
                 piece: dict[str, Any] = {
                     "index": index,
                     "delta": delta,
-                    "logprobs": logprobs([(text, ids)]),
+                    "logprobs": self._script_logprobs(gen, [(text, ids)]),
                     "finish_reason": reply.finish_reason if last else None,
                 }
                 if last:

@@ -20,10 +20,12 @@ from keraunos.testing.processes import SERVED_MODEL, start_engine, start_gateway
 @pytest.fixture
 def stage(tmp_path: Path) -> Iterator[StartStage]:
     """`stage(script)`: an engine stand-in answering from `script` (rules of `--script`), a gateway
-    of its own (SQLite) serving it, and one rollout claimed there; all stopped after the test."""
+    of its own (SQLite) serving it, and one rollout claimed there; all stopped after the test.
+    `stage(script, native=True)` registers the engine as serving the Responses API natively
+    (docs/harnesses.md#native-responses)."""
     started: list[Any] = []
 
-    def start(script: list[dict[str, Any]]) -> Stage:
+    def start(script: list[dict[str, Any]], *, native: bool = False) -> Stage:
         script_file = tmp_path / "script.json"
         script_file.write_text(json.dumps(script), encoding="utf-8")
         engine = start_engine(
@@ -32,7 +34,12 @@ def stage(tmp_path: Path) -> Iterator[StartStage]:
         started.append(engine)
         gateway = start_gateway(tmp_path / "gateway", args=("--served-model", SERVED_MODEL))
         started.append(gateway)
-        gateway.register([engine])
+        with gateway.client() as api:
+            endpoint = {"model": SERVED_MODEL, "endpoint": engine.endpoint}
+            if native:
+                endpoint["native_apis"] = ["openai.responses"]
+            registered = api.post("/api/models", json=[endpoint])
+            assert registered.status_code == 201, registered.text
         rollout_id = unique_id("harness")
         with gateway.client() as api:
             created = api.post("/api/rollouts", json=[{"input": {}, "rollout_id": rollout_id}])

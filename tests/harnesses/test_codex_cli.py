@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from harness_support import CODEX, StartStage, engine_saw, harness_binary, run_harness
 
 CONTENT = "hello from the scripted engine"
@@ -44,9 +45,13 @@ exporter = "none"
 """
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["converted", "native"])
 def test_codex_cli_runs_a_shell_command_through_the_gateway_and_its_calls_are_recorded_to_the_token_and_merge_into_one_row(
-    stage: StartStage, tmp_path: Path
+    stage: StartStage, tmp_path: Path, native: bool
 ) -> None:
+    """Converted (the engine's chat endpoint), and native: the engine serves the Responses API
+    itself (docs/harnesses.md#native-responses), where vLLM, as the stand-in, gives no log probs
+    for an answer that is only a tool call."""
     codex = harness_binary(CODEX)
     work = tmp_path / "work"
     work.mkdir()
@@ -60,7 +65,7 @@ def test_codex_cli_runs_a_shell_command_through_the_gateway_and_its_calls_are_re
             }
         },
     ]
-    staged = stage(script)
+    staged = stage(script, native=native)
     home = tmp_path / "home"
     (home / "codex").mkdir(parents=True)
     (home / "codex" / "config.toml").write_text(_config(staged.prefix("openai") + "/v1"), encoding="utf-8")
@@ -74,12 +79,14 @@ def test_codex_cli_runs_a_shell_command_through_the_gateway_and_its_calls_are_re
 
     calls = staged.model_calls()
     assert len(calls) == engine_saw(staged.engine) == 2  # the command, then the text
+    assert staged.engine.stats()["by_path"].get("/v1/responses", 0) == (2 if native else 0)
     for call in calls:
-        assert call["api"] == "openai.responses"
+        assert call["api"] == "openai.responses" and call["server"].get("native", False) is native
         response = call["response"]
         assert len(response["prompt_token_ids"]) > 0
         assert len(response["choices"][0]["token_ids"]) > 0
-        assert response["choices"][0]["logprobs"] is not None
+    logprobs = [call["response"]["choices"][0]["logprobs"] is not None for call in calls]
+    assert logprobs == ([False, True] if native else [True, True])
     assert calls[0]["response"]["choices"][0]["finish_reason"] == "tool_calls"
     assert calls[1]["response"]["choices"][0]["message"]["content"] == FINAL
 
