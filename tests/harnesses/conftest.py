@@ -35,7 +35,7 @@ def stage(tmp_path: Path) -> Iterator[StartStage]:
         gateway = start_gateway(tmp_path / "gateway", args=("--served-model", SERVED_MODEL))
         started.append(gateway)
         with gateway.client() as api:
-            endpoint = {"model": SERVED_MODEL, "endpoint": engine.endpoint}
+            endpoint: dict[str, Any] = {"model": SERVED_MODEL, "endpoint": engine.endpoint}
             if native:
                 endpoint["native_apis"] = ["openai.responses"]
             registered = api.post("/api/models", json=[endpoint])
