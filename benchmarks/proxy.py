@@ -18,7 +18,8 @@ three loads run back to back, each a warm-up followed by `--duration` seconds of
 `--apis chat,messages,responses` adds, after each proxy load, the same call in the Anthropic
 Messages API (`.../anthropic/v1/messages`) and the OpenAI Responses API (`.../openai/v1/responses`),
 which the gateway converts to the chat call above and back (docs/harnesses.md); their added latency
-is also given as a ratio to the chat proxy load's of the same run.
+is also given as a ratio to the chat proxy load's of the same run, and after the table as the ratio
+of the medians over runs (with the gateway's CPU per call), which one noisy run moves less.
 Reported per load and concurrency: calls/s, p50 and p99 latency, and for a proxy load the latency it
 adds over its direct load at the same concurrency (p50 - p50, p99 - p99 of the same run) and the CPU
 time the gateway processes spent per call during the measured seconds (user + system, all threads,
@@ -474,6 +475,37 @@ def report(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespa
             print("-" * (sum(widths) + 2 * (len(widths) - 1)))
 
 
+def report_pooled(runs: list[dict[tuple[str, int], LoadResult]], args: argparse.Namespace) -> None:
+    """Each converted load over chat as the ratio of the medians over runs (what it adds at p50 and
+    p99, the gateway's CPU per call): one noisy run moves a median less than a per-run ratio."""
+    lines = []
+    for concurrency in args.concurrency:
+        for load in loads_of(args):
+            baseline = baseline_of(load)
+            if baseline is None or api_of(load) == "chat":
+                continue
+            chat_load = "proxy stream" if load.endswith("stream") else "proxy"
+            if not all(run[key, concurrency].supported for run in runs for key in (load, chat_load)):
+                continue
+            cells = []
+            for q in ("p50_ms", "p99_ms"):
+                added = statistics.median(
+                    getattr(r[load, concurrency], q) - getattr(r[baseline, concurrency], q) for r in runs
+                )
+                chat = statistics.median(
+                    getattr(r[chat_load, concurrency], q) - getattr(r[baseline, concurrency], q) for r in runs
+                )
+                cells.append(f"{added / chat:.2f}" if chat > 0 else "nan")
+            cpu = statistics.median(r[load, concurrency].cpu_ms_per_call for r in runs)
+            chat_cpu = statistics.median(r[chat_load, concurrency].cpu_ms_per_call for r in runs)
+            lines.append(
+                f"  {load:<24} c={concurrency:<3} added p50 {cells[0]}, added p99 {cells[1]}, CPU {cpu / chat_cpu:.2f}"
+            )
+    if lines:
+        print("\nconverted over chat, ratio of the medians over runs:")
+        print("\n".join(lines))
+
+
 def _ratio(
     run: dict[tuple[str, int], LoadResult], load: str, chat_load: str, baseline: str, concurrency: int, q: str
 ) -> float:
@@ -569,6 +601,7 @@ def main() -> None:
         if pg is not None:
             pg.stop()
     report(runs, args)
+    report_pooled(runs, args)
 
 
 if __name__ == "__main__":

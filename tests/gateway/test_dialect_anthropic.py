@@ -1135,3 +1135,24 @@ def test_any_chunks_and_any_completion_become_events_and_a_message_without_raisi
     data = b"".join(translator.feed(chunk) for chunk in stream) + translator.finish()
     assert [name for name, _ in events(data)][-2:] == ["message_delta", "message_stop"]
     assert MESSAGES.from_chat(BODY, answer)["type"] == "message"
+
+
+@pytest.mark.parametrize("reasoning", [None, "First the weather."], ids=["text", "text after thinking"])
+def test_a_text_chunk_makes_the_same_event_bytes_on_the_fast_path_as_through_the_general_one(
+    reasoning: str | None,
+) -> None:
+    # The usual chunk (a text delta alone) is written without building its event's dict; a delta
+    # with one more key (`"role": None`) goes the general way: the bytes must not differ, nor the
+    # output token count of the closing `message_delta`.
+    answer = completion('Sunny and warm, 21 "degrees", a light wind from the west.\n', reasoning=reasoning)
+    plain = chunks(answer)
+    padded = [
+        {**c, "choices": [{**ch, "delta": {**ch["delta"], "role": None}} for ch in c["choices"]]}
+        if c.get("choices") and "content" in c["choices"][0].get("delta", {})
+        else c
+        for c in plain
+    ]
+    fast, general = MESSAGES.translator(BODY), MESSAGES.translator(BODY)
+    fast_bytes = b"".join(fast.feed(c) for c in plain) + fast.finish()
+    assert fast_bytes == b"".join(general.feed(c) for c in padded) + general.finish()
+    assert fast_bytes.count(b'"text_delta"') == len(_pieces(answer["choices"][0]["message"]["content"]))

@@ -488,6 +488,7 @@ class MessagesStream:
         self._finish: Any = None
         self._matched: Any = None
         self._usage: Any = None
+        self._text_head = b""  # while a text block is open: its text delta's bytes up to the text
 
     def _start(self, chunk: dict[str, Any]) -> bytes:
         self._started = True
@@ -532,6 +533,10 @@ class MessagesStream:
         out = self._close()
         self._open = kind
         self._blocks += 1
+        self._text_head = (
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+            b'"delta":{"type":"text_delta","text":' % (self._blocks - 1)
+        )
         return out + sse(
             "content_block_start",
             {"type": "content_block_start", "index": self._blocks - 1, "content_block": block},
@@ -566,8 +571,34 @@ class MessagesStream:
             self._tool_args.append(arguments)
         return out
 
+    def _plain_text(self, chunk: dict[str, Any]) -> bytes | None:
+        """The usual chunk (one choice whose delta is only text, no finish, no usage) while a text
+        block is open: its `text_delta` event, the bytes `_delta` writes, without building its dict.
+        None for any other chunk (the general path)."""
+        if self._open != "text" or chunk.get("usage") is not None:
+            return None
+        choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("index", 0) != 0 or choice.get("finish_reason") is not None:
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or len(delta) != 1:
+            return None
+        text = delta.get("content")
+        if type(text) is not str or not text:
+            return None
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            self._output_ids += len(ids)
+        return self._text_head + orjson.dumps(text) + b"}}\n\n"
+
     def feed(self, chunk: dict[str, Any]) -> bytes:
         """The events the chat `chunk` becomes (only the first choice: Messages has one)."""
+        plain = self._plain_text(chunk)
+        if plain is not None:
+            return plain
         out = b"" if self._started else self._start(chunk)
         usage = chunk.get("usage")
         if isinstance(usage, dict):
