@@ -210,15 +210,23 @@ class EngineApp:
     async def _completions(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await self._model_request(scope, receive, send, chat=False)
 
-    async def _model_request(self, scope: dict[str, Any], receive: Any, send: Any, *, chat: bool) -> None:
+    async def _json_body(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        """A model request's JSON body, counted and kept (`/mock/stats`); `_NOT_JSON` once a body
+        that is not JSON has been answered with a 400."""
         raw = await _read_body(receive)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             self.stats.record(scope["method"], scope["path"], scope["headers"], None)
             await self._send_error(send, 400, f"Invalid JSON body: {exc}")
-            return
+            return _NOT_JSON
         self.stats.record(scope["method"], scope["path"], scope["headers"], body)
+        return body
+
+    async def _model_request(self, scope: dict[str, Any], receive: Any, send: Any, *, chat: bool) -> None:
+        body = await self._json_body(scope, receive, send)
+        if body is _NOT_JSON:
+            return
         fault = self.faults.next_fault()
         if fault is not None:
             self.stats.faults[fault.kind] += 1
@@ -263,20 +271,12 @@ class EngineApp:
     async def _responses(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """The Responses API served natively, in vLLM's shape (`_engine_responses`): answered from
         the body's chat form as a chat call is (sampled, or from the script), without faults or delays."""
-        raw = await _read_body(receive)
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            self.stats.record(scope["method"], scope["path"], scope["headers"], None)
-            await self._send_error(send, 400, f"Invalid JSON body: {exc}")
+        body = await self._json_body(scope, receive, send)
+        if body is _NOT_JSON:
             return
-        self.stats.record(scope["method"], scope["path"], scope["headers"], body)
         try:
             generation = self._parse(responses_api.chat_request(body), chat=True)
-        except DialectRequestError as exc:
-            await self._send_error(send, exc.status, exc.message)
-            return
-        except RequestError as exc:
+        except (DialectRequestError, RequestError) as exc:
             await self._send_error(send, exc.status, exc.message)
             return
         if generation.scripted is not None:
@@ -726,6 +726,10 @@ class EngineApp:
         info = {"message": message, "type": error_type, "param": None, "code": status}
         body = {"object": "error", **info} if self.config.error_style == "flat" else {"error": info}
         await _send_json(send, status, body)
+
+
+#: What `_json_body` returns for a body that was not JSON (already answered).
+_NOT_JSON = object()
 
 
 def create_engine_app(config: EngineConfig | None = None) -> EngineApp:

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from keraunos.gateway._errors import anthropic_error
-from keraunos.gateway.dialects.base import Dialect, DialectRequestError
+from keraunos.gateway.dialects.base import Dialect, DialectRequestError, lone_text
 
 #: The longest `metadata.user_id` kept as the chat `user` (OpenAI's limit); a longer one is dropped.
 _USER_MAX = 256
@@ -575,20 +575,10 @@ class MessagesStream:
         """The usual chunk (one choice whose delta is only text, no finish, no usage) while a text
         block is open: its `text_delta` event, the bytes `_delta` writes, without building its dict.
         None for any other chunk (the general path)."""
-        if self._open != "text" or chunk.get("usage") is not None:
+        lone = lone_text(chunk) if self._open == "text" else None
+        if lone is None:
             return None
-        choices = chunk.get("choices")
-        if type(choices) is not list or len(choices) != 1:
-            return None
-        choice = choices[0]
-        if type(choice) is not dict or choice.get("index", 0) != 0 or choice.get("finish_reason") is not None:
-            return None
-        delta = choice.get("delta")
-        if type(delta) is not dict or len(delta) != 1:
-            return None
-        text = delta.get("content")
-        if type(text) is not str or not text:
-            return None
+        text, choice = lone
         ids = choice.get("token_ids")
         if isinstance(ids, list):
             self._output_ids += len(ids)

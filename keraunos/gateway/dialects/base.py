@@ -67,3 +67,22 @@ class Dialect(Protocol):
     def error_body(self, status: int, message: str, *, code: str | None = None) -> bytes:
         """The JSON body of an error answer in the API's own shape (what its SDK parses)."""
         ...
+
+
+def lone_text(chunk: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The text and the choice of the usual streamed chunk (one choice, index 0, whose delta is only
+    non-empty text; no finish, no usage), which a translator may write without building its event's
+    dict; None for any other chunk (the general path)."""
+    choices = chunk.get("choices")
+    if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("index", 0) != 0 or choice.get("finish_reason") is not None:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or len(delta) != 1:
+        return None
+    text = delta.get("content")
+    if type(text) is not str or not text:
+        return None
+    return text, choice

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from keraunos.gateway._errors import openai_error
-from keraunos.gateway.dialects.base import DialectRequestError
+from keraunos.gateway.dialects.base import DialectRequestError, lone_text
 
 #: The one parameter of the chat function that stands for a `custom` (freeform) tool.
 CUSTOM_INPUT = "input"
@@ -831,18 +831,10 @@ class ResponsesStream:
         part, item = self._part, self._open
         if self._logprobs or part is None or item is None or part["type"] != "output_text":
             return None
-        choices = chunk.get("choices")
-        if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
+        lone = lone_text(chunk)
+        if lone is None:
             return None
-        choice = choices[0]
-        if type(choice) is not dict or choice.get("index", 0) != 0 or choice.get("finish_reason") is not None:
-            return None
-        delta = choice.get("delta")
-        if type(delta) is not dict or len(delta) != 1:
-            return None
-        text = delta.get("content")
-        if type(text) is not str or not text:
-            return None
+        text = lone[0]
         key = (item["id"], len(self._output) - 1, len(item["content"]) - 1)
         if self._plain is None or self._plain[0] != key:
             where = orjson.dumps({"item_id": key[0], "output_index": key[1], "content_index": key[2]})

@@ -396,8 +396,7 @@ async def _forward(
     else:
         # A LoRA policy: its newest adapter's endpoints, and the adapter's name as the model.
         endpoints, upstream_model = current_policy(endpoints, config.served_model)
-    native = [] if dialect is None else native_endpoints(endpoints, dialect.name)
-    if dialect is not None and native:
+    if dialect is not None and (native := native_endpoints(endpoints, dialect.name)):
         return await _forward_native(
             state, request, rollout_id, attempt_id, mode, temperature, agent_id, dialect, original,
             native, upstream_model, started,
@@ -462,19 +461,9 @@ async def _forward(
             endpoint=outcome.endpoint.endpoint,
             http_status=outcome.status,
         )
-    error = await call.commit(data, recorded.wire)
-    if error is None and state.exact is not None:
-        call.remember(data)
-    upstream_s = outcome.latency_ms / 1000.0
-    call.count(data, upstream_s, time.perf_counter() - started - upstream_s, outcome.attempts)
-    if isinstance(error, LedgerUnavailable):
-        return gateway_error(
-            503,
-            f"The model call was made but could not be recorded ({error}); retry the call",
-            attempts=outcome.attempts,
-        )
-    if error is not None:
-        raise error
+    unrecorded = await _recorded(call, data, outcome, started, recorded.wire)
+    if unrecorded is not None:
+        return unrecorded
     if dialect is not None and 200 <= outcome.status < 300:
         if data["status"] != "ok":
             return gateway_error(502, "The model server answered with a body that is not a JSON object")
@@ -536,7 +525,25 @@ async def _forward_native(
         attempts=outcome.attempts,
         latency_ms=outcome.latency_ms,
     )
-    error = await call.commit(data)
+    unrecorded = await _recorded(call, data, outcome, started)
+    if unrecorded is not None:
+        return unrecorded
+    if not ok:
+        return passthrough(outcome)
+    if not isinstance(answer, dict):
+        return gateway_error(502, "The model server answered with a body that is not a JSON object")
+    shown = agent_answer(answer, original.get("model"), logprobs=asks_logprobs(original))
+    return Response(orjson.dumps(shown), media_type=JSON)
+
+
+async def _recorded(
+    call: _Call, data: dict[str, Any], outcome: Answer, started: float, wire: WireCall | None = None
+) -> Response | None:
+    """Commit an answered call's record (kept for `--exact-tokens`) and count it: None once it is
+    recorded, else the 503 the agent gets; a rollout deleted meanwhile raises `RolloutNotFound`."""
+    error = await call.commit(data, wire)
+    if error is None:
+        call.remember(data)
     upstream_s = outcome.latency_ms / 1000.0
     call.count(data, upstream_s, time.perf_counter() - started - upstream_s, outcome.attempts)
     if isinstance(error, LedgerUnavailable):
@@ -547,12 +554,7 @@ async def _forward_native(
         )
     if error is not None:
         raise error
-    if not ok:
-        return passthrough(outcome)
-    if not isinstance(answer, dict):
-        return gateway_error(502, "The model server answered with a body that is not a JSON object")
-    shown = agent_answer(answer, original.get("model"), logprobs=asks_logprobs(original))
-    return Response(orjson.dumps(shown), media_type=JSON)
+    return None
 
 
 async def _sent(
